@@ -1,0 +1,34 @@
+# Everything runs in .venv; torch is installed first (CPU build 2.13.0 from local disk here),
+# so pip never resolves a plain `torch` to a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-fast style demo bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not integration"
+
+style: $(STAMP)
+	$(PY) -m ruff check lazyllm tuner tests benchmarks examples
+	$(PY) -m ruff format --check lazyllm tuner tests benchmarks examples
+	$(PY) -m mypy
+
+demo: $(STAMP)
+	$(PY) -m lazyllm.demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/prefill_speed.py

@@ -1,0 +1,20 @@
+"""Load a schedule and run a pruned prefill: the README snippet as a runnable script.
+
+python examples/prefill_with_schedule.py [schedule.json]
+"""
+
+import sys
+
+from lazyllm import LazyLLM, Schedule, load_model
+
+model, tokenizer = load_model("smollm2-135m")
+if len(sys.argv) > 1:
+    schedule = Schedule.load(sys.argv[1])
+else:
+    schedule = Schedule.progressive("smollm2-135m", 30, start_layer=15, final_keep=0.3, stages=4)
+text = " ".join(["The meeting was moved to Thursday because the hall was booked."] * 60)
+ids = tokenizer(text + " The meeting was moved to", return_tensors="pt")["input_ids"]
+result = LazyLLM(model, schedule).prefill(ids)
+print(
+    f"next token {tokenizer.decode(result.next_token())!r}; {100 * result.computed_fraction:.1f}% of tokens computed"
+)

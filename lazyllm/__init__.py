@@ -1,0 +1,22 @@
+"""LazyLLM: dynamic per-layer token pruning for long-context inference.
+
+The engine only: no Optuna or MLflow imports here (those live in :mod:`tuner`).
+"""
+
+from lazyllm.engine import LazyLLM, PrefillResult
+from lazyllm.flops import ModelDims, flop_speedup
+from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
+from lazyllm.schedule import Schedule, num_pruned
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LazyLLM",
+    "ModelDims",
+    "ModelLoadError",
+    "PrefillResult",
+    "Schedule",
+    "flop_speedup",
+    "load_model",
+    "num_pruned",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,288 @@
+"""Per-layer pruning schedules: what LazyLLM prunes, after which layer.
+
+A :class:`Schedule` holds one prune percentile ``p[l]`` in ``[0, 100)`` per decoder layer of a named
+model. Semantics (LazyLLM, Fu et al. 2024):
+
+* After layer ``l`` has run, every token still active is scored by the attention probability that the
+  last position pays to it at layer ``l`` (softmax over the active keys, mean over all query heads).
+* The lowest-scoring tokens leave the computation for every later layer, so layer ``l + 1`` sees a
+  subset of the tokens of layer ``l``. The last position always survives.
+* ``p[l] == 0`` means layer ``l`` prunes nothing. The last layer has no later layer to prune for, so
+  its percentile must be 0.
+
+**Rounding rule.** With ``n`` tokens active at layer ``l`` (the last position included), exactly
+``min(floor(p[l] * n / 100), n - 1)`` tokens are pruned after layer ``l``: the lowest scorers among the
+``n - 1`` tokens other than the last position. Ties in score prune the earlier position first.
+``floor`` is taken with a tolerance of 1e-9 so that e.g. ``p = 30, n = 10`` prunes 3, not 2.
+
+JSON format (version 1)::
+
+    {"format": "lazyllm-schedule", "version": 1, "model": "smollm2-135m", "num_layers": 30,
+     "percentiles": [0, 0, ..., 50, ..., 0], "metadata": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT_NAME = "lazyllm-schedule"
+FORMAT_VERSION = 1
+_FLOOR_TOLERANCE = 1e-9
+
+
+def num_pruned(percentile: float, n_active: int) -> int:
+    """Number of tokens pruned after a layer with ``n_active`` active tokens (the rounding rule).
+
+    >>> num_pruned(50.0, 7)
+    3
+    >>> num_pruned(99.0, 2)  # the last position always survives
+    1
+    """
+    if n_active <= 1 or percentile <= 0:
+        return 0
+    return min(math.floor(percentile * n_active / 100.0 + _FLOOR_TOLERANCE), n_active - 1)
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    """Check that ``value`` is made of JSON types only (metadata must round-trip exactly)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"metadata{where} = {value!r}: must be a finite number (JSON has no NaN/inf)")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"metadata{where} has key {k!r}: keys must be strings")
+            out[k] = _jsonable(v, f"{where}[{k!r}]")
+        return out
+    raise ValueError(f"metadata{where} = {value!r}: only JSON types (dict, list, str, number, bool, null)")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A LazyLLM pruning schedule for one model.
+
+    Args:
+        model: the model the schedule was made for (an alias such as ``"smollm2-135m"``, a hub id
+            or a folder name); checked by :meth:`check_model`.
+        percentiles: one prune percentile per decoder layer, each in ``[0, 100)``; the last is 0.
+        metadata: optional provenance (study, trial, metrics, ...); JSON types only.
+    """
+
+    model: str
+    percentiles: tuple[float, ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"model = {self.model!r}: must be a non-empty string naming the model")
+        if isinstance(self.percentiles, (str, bytes)) or not isinstance(self.percentiles, Sequence):
+            raise ValueError(f"percentiles = {self.percentiles!r}: must be a list of numbers, one per layer")
+        values: list[float] = []
+        for layer, p in enumerate(self.percentiles):
+            if isinstance(p, bool) or not isinstance(p, (int, float)):
+                raise ValueError(f"percentiles[{layer}] = {p!r}: must be a number in [0, 100)")
+            if not math.isfinite(p) or not 0.0 <= p < 100.0:
+                raise ValueError(
+                    f"percentiles[{layer}] = {p!r}: must be in [0, 100) (0 prunes nothing; 100 would prune all)"
+                )
+            values.append(float(p))
+        if not values:
+            raise ValueError("percentiles = []: need one value per decoder layer")
+        if values[-1] != 0.0:
+            raise ValueError(
+                f"percentiles[{len(values) - 1}] = {values[-1]!r}: the last layer has no later layer "
+                "to prune for; set it to 0"
+            )
+        if not isinstance(self.metadata, Mapping):
+            raise ValueError(f"metadata = {self.metadata!r}: must be a JSON object (dict)")
+        object.__setattr__(self, "percentiles", tuple(values))
+        object.__setattr__(self, "metadata", _jsonable(dict(self.metadata), ""))
+
+    # ----------------------------------------------------------------------------------------------
+    # constructors
+    @classmethod
+    def keep_all(cls, model: str, num_layers: int) -> Schedule:
+        """The schedule that prunes nothing (LazyLLM off)."""
+        if num_layers < 1:
+            raise ValueError(f"num_layers = {num_layers}: must be >= 1")
+        return cls(model=model, percentiles=(0.0,) * num_layers)
+
+    @classmethod
+    def from_layers(cls, model: str, num_layers: int, prune_at: Mapping[int, float]) -> Schedule:
+        """A schedule that prunes ``prune_at[l]`` percent after each listed layer ``l`` and nothing else.
+
+        >>> Schedule.from_layers("m", 4, {1: 50}).percentiles
+        (0.0, 50.0, 0.0, 0.0)
+        """
+        values = [0.0] * num_layers
+        for layer, p in prune_at.items():
+            if not 0 <= layer < num_layers:
+                raise ValueError(f"prune_at has layer {layer}: the model has layers 0..{num_layers - 1}")
+            values[layer] = float(p)
+        return cls(model=model, percentiles=tuple(values))
+
+    @classmethod
+    def progressive(
+        cls, model: str, num_layers: int, *, start_layer: int, final_keep: float, stages: int
+    ) -> Schedule:
+        """Paper-style progressive pruning: ``stages`` equal prunes spread from ``start_layer`` to the
+        second-to-last layer, so that a fraction ``final_keep`` of the prompt reaches the last layer.
+
+        >>> Schedule.progressive("m", 8, start_layer=2, final_keep=0.25, stages=2).percentiles
+        (0.0, 0.0, 50.0, 0.0, 0.0, 0.0, 50.0, 0.0)
+        """
+        if not 0 <= start_layer <= num_layers - 2:
+            raise ValueError(
+                f"start_layer = {start_layer}: must be in 0..{num_layers - 2} (the last layer cannot prune)"
+            )
+        if not 0.0 < final_keep <= 1.0:
+            raise ValueError(f"final_keep = {final_keep}: must be in (0, 1]")
+        span = num_layers - 1 - start_layer
+        if not 1 <= stages <= span:
+            raise ValueError(f"stages = {stages}: must be in 1..{span} for start_layer {start_layer}")
+        per_stage = round(100.0 * (1.0 - final_keep ** (1.0 / stages)), 6)
+        layers = [start_layer + round(i * (span - 1) / max(stages - 1, 1)) for i in range(stages)]
+        return cls.from_layers(model, num_layers, {layer: per_stage for layer in layers})
+
+    # ----------------------------------------------------------------------------------------------
+    # views
+    @property
+    def num_layers(self) -> int:
+        return len(self.percentiles)
+
+    @property
+    def prunes(self) -> bool:
+        """Whether any layer prunes at all."""
+        return any(p > 0 for p in self.percentiles)
+
+    def keep_counts(self, n_tokens: int) -> list[int]:
+        """Exact number of tokens each layer computes for an ``n_tokens`` prompt (the rounding rule).
+
+        Returns a list of length ``num_layers``; entry ``l`` is the number of tokens active at layer ``l``.
+        """
+        if n_tokens < 1:
+            raise ValueError(f"n_tokens = {n_tokens}: must be >= 1")
+        counts = []
+        n = n_tokens
+        for p in self.percentiles:
+            counts.append(n)
+            n -= num_pruned(p, n)
+        return counts
+
+    def keep_fractions(self) -> list[float]:
+        """Cumulative keep fraction per layer in the limit of a long prompt: ``prod_{j<l} (1 - p[j]/100)``."""
+        fractions = []
+        f = 1.0
+        for p in self.percentiles:
+            fractions.append(f)
+            f *= 1.0 - p / 100.0
+        return fractions
+
+    # ----------------------------------------------------------------------------------------------
+    # compatibility
+    def check_model(self, model_name: str, num_layers: int, *, strict_name: bool = True) -> None:
+        """Raise ``ValueError`` if this schedule does not fit a model with ``num_layers`` layers.
+
+        A different model name is an error too unless ``strict_name=False`` (the layer count must
+        always match).
+        """
+        if num_layers != self.num_layers:
+            raise ValueError(
+                f"schedule is for {self.model!r} with {self.num_layers} layers, but model {model_name!r} has "
+                f"{num_layers} layers; tune or export a schedule for this model"
+            )
+        if strict_name and model_name != self.model:
+            raise ValueError(
+                f"schedule is for model {self.model!r}, not {model_name!r}; use a schedule made for this "
+                "model (or pass strict_name=False / --allow-other-model to use it anyway)"
+            )
+
+    # ----------------------------------------------------------------------------------------------
+    # JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "model": self.model,
+            "num_layers": self.num_layers,
+            "percentiles": list(self.percentiles),
+            "metadata": dict(self.metadata),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the schedule as JSON (atomically: a crash never leaves a half-written file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json() + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Schedule:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"schedule JSON must be an object, got {type(data).__name__}")
+        if data.get("format") != FORMAT_NAME:
+            raise ValueError(
+                f"format = {data.get('format')!r}: expected {FORMAT_NAME!r}; is this a schedule file?"
+            )
+        version = data.get("version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"version = {version!r}: this lazyllm reads schedule version {FORMAT_VERSION}; upgrade lazyllm-tuner"
+            )
+        unknown = set(data) - {"format", "version", "model", "num_layers", "percentiles", "metadata"}
+        if unknown:
+            raise ValueError(f"unknown field(s) {sorted(unknown)} in schedule JSON; remove them")
+        for key in ("model", "num_layers", "percentiles"):
+            if key not in data:
+                raise ValueError(f"missing field {key!r} in schedule JSON")
+        percentiles = data["percentiles"]
+        if not isinstance(percentiles, list):
+            raise ValueError(f"percentiles = {percentiles!r}: must be a list of numbers, one per layer")
+        num_layers = data["num_layers"]
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers != len(percentiles):
+            raise ValueError(
+                f"num_layers = {num_layers!r} but percentiles has {len(percentiles)} entries; they must agree"
+            )
+        metadata = data.get("metadata", {})
+        if metadata is None:
+            metadata = {}
+        return cls(model=data["model"], percentiles=tuple(percentiles), metadata=metadata)
+
+    @classmethod
+    def from_json(cls, text: str) -> Schedule:
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ValueError(f"schedule is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Schedule:
+        """Read a schedule JSON file; every problem is a one-line ``ValueError`` naming the file."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read schedule file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"schedule file {path} is not UTF-8 text") from None
+        try:
+            return cls.from_json(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None

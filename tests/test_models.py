@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny
+
+from lazyllm.models import ModelLoadError, load_model, resolve
+
+
+def test_resolve_errors(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"unknown model 'nope'.*smollm2-135m"):
+        resolve("nope")
+    with pytest.raises(ValueError, match=r"has no config\.json"):
+        resolve(str(tmp_path))
+    (tmp_path / "f.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="is a file"):
+        resolve(str(tmp_path / "f.bin"))
+    assert resolve("meta-llama/Llama-2-7b-hf") == ("meta-llama/Llama-2-7b-hf", False)
+
+
+def test_load_local_folder(tmp_path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model = make_tiny("llama")
+    model.save_pretrained(tmp_path)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(97)} | {"[UNK]": 96}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path)
+    loaded, tokenizer = load_model(str(tmp_path), device="cpu")
+    assert loaded.config.name_or_path == str(tmp_path)
+    assert loaded.dtype == torch.float32 and not loaded.training
+    ids = torch.tensor([tokenizer("w1 w2 w3")["input_ids"]])
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+def test_unreachable_hub_is_a_clear_error(monkeypatch) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no 45 s of network retries
+    with pytest.raises(ModelLoadError, match="pass a local checkpoint folder"):
+        load_model("lazyllm-tuner-test/does-not-exist", device="cpu")

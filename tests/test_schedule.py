@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lazyllm.schedule import FORMAT_NAME, Schedule, num_pruned
+
+
+def test_rounding_rule_values() -> None:
+    # floor(p * n / 100), the last position never pruned
+    assert num_pruned(50.0, 7) == 3
+    assert num_pruned(50.0, 8) == 4
+    assert num_pruned(30.0, 10) == 3  # 30 * 10 / 100 is 2.9999999999999996 in floats; tolerance keeps it 3
+    assert num_pruned(10.0, 9) == 0
+    assert num_pruned(99.0, 2) == 1
+    assert num_pruned(99.9, 1) == 0
+    assert num_pruned(0.0, 1000) == 0
+    assert num_pruned(33.0, 100) == 33
+
+
+@given(p=st.floats(0, 99.999), n=st.integers(1, 10_000))
+def test_rounding_rule_bounds(p: float, n: int) -> None:
+    k = num_pruned(p, n)
+    assert 0 <= k <= n - 1
+    assert k <= p * n / 100 + 1e-6
+    assert k == min(math.floor(p * n / 100 + 1e-9), n - 1)
+
+
+def test_keep_counts_follow_rule() -> None:
+    s = Schedule.from_layers("m", 6, {1: 50, 3: 25})
+    assert s.keep_counts(101) == [101, 101, 51, 51, 39, 39]
+    assert s.keep_counts(1) == [1] * 6
+    fr = s.keep_fractions()
+    assert fr == pytest.approx([1, 1, 0.5, 0.5, 0.375, 0.375])
+
+
+def test_keep_all_and_prunes() -> None:
+    s = Schedule.keep_all("m", 4)
+    assert s.percentiles == (0.0,) * 4 and not s.prunes
+    assert Schedule.from_layers("m", 4, {0: 10}).prunes
+
+
+def test_json_round_trip_with_metadata(tmp_path) -> None:
+    s = Schedule(
+        "smollm2-135m", (0, 20.5, 0, 0), metadata={"study": "qa", "trial": 3, "metrics": {"loss": 0.1}}
+    )
+    assert Schedule.from_json(s.to_json()) == s
+    path = s.save(tmp_path / "sub" / "s.json")
+    loaded = Schedule.load(path)
+    assert loaded == s and loaded.metadata == s.metadata
+    data = json.loads(path.read_text())
+    assert data["format"] == FORMAT_NAME and data["version"] == 1 and data["num_layers"] == 4
+
+
+@given(st.lists(st.floats(0, 99.99, allow_nan=False), min_size=1, max_size=40))
+def test_round_trip_property(values: list[float]) -> None:
+    s = Schedule("m", (*tuple(values[:-1]), 0.0))
+    assert Schedule.from_json(s.to_json()) == s
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        (dict(model="m", percentiles=(0, 120, 0)), "percentiles[1] = 120"),
+        (dict(model="m", percentiles=(0, -1, 0)), "percentiles[1] = -1"),
+        (dict(model="m", percentiles=(0, 100, 0)), "percentiles[1] = 100"),
+        (dict(model="m", percentiles=(0, float("nan"), 0)), "percentiles[1] = nan"),
+        (dict(model="m", percentiles=(0, "5", 0)), "percentiles[1] = '5'"),
+        (dict(model="m", percentiles=(0, True, 0)), "percentiles[1] = True"),
+        (dict(model="m", percentiles=(0, 0, 30)), "percentiles[2] = 30.0: the last layer"),
+        (dict(model="m", percentiles=()), "percentiles = []"),
+        (dict(model="", percentiles=(0,)), "model = ''"),
+        (dict(model="m", percentiles=(0,), metadata={"x": float("inf")}), "metadata['x']"),
+        (dict(model="m", percentiles=(0,), metadata={"x": object()}), "metadata['x']"),
+    ],
+)
+def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValueError) as err:
+        Schedule(**kwargs)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("{", "not valid JSON"),
+        ("[1, 2]", "must be an object"),
+        ('{"format": "other"}', "format = 'other'"),
+        ('{"format": "lazyllm-schedule", "version": 2}', "version = 2"),
+        (
+            '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 3, "percentiles": [0, 0]}',
+            "num_layers = 3 but percentiles has 2",
+        ),
+        (
+            '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 1}',
+            "missing field 'percentiles'",
+        ),
+        (
+            '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 1, "percentiles": [0], "x": 1}',
+            "unknown field",
+        ),
+        (
+            '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 2, "percentiles": [NaN, 0]}',
+            "percentiles[0] = nan",
+        ),
+    ],
+)
+def test_invalid_json(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError) as err:
+        Schedule.from_json(text)
+    assert fragment in str(err.value)
+
+
+def test_load_errors_name_the_file(tmp_path) -> None:
+    with pytest.raises(ValueError, match="cannot read schedule file"):
+        Schedule.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 2, "percentiles": [0, 120]}'
+    )
+    with pytest.raises(ValueError, match=r"bad\.json: percentiles\[1\] = 120"):
+        Schedule.load(bad)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.one_of(
+        st.text(max_size=50),
+        json_values.map(json.dumps),
+        st.fixed_dictionaries(
+            {"format": st.just(FORMAT_NAME), "version": st.just(1)},
+            optional={
+                "model": json_values,
+                "num_layers": json_values,
+                "percentiles": json_values,
+                "metadata": json_values,
+            },
+        ).map(json.dumps),
+    )
+)
+def test_loader_fuzz_raises_only_value_error(text: str) -> None:
+    with contextlib.suppress(ValueError):
+        Schedule.from_json(text)
+
+
+def test_check_model() -> None:
+    s = Schedule.keep_all("smollm2-135m", 30)
+    s.check_model("smollm2-135m", 30)
+    with pytest.raises(ValueError, match="30 layers, but model 'other' has 24 layers"):
+        s.check_model("other", 24)
+    with pytest.raises(ValueError, match="not 'other'"):
+        s.check_model("other", 30)
+    s.check_model("other", 30, strict_name=False)

@@ -1,0 +1,1 @@
+"""Auto-tuner for LazyLLM schedules: Optuna search, LongBench evaluation and MLflow tracking."""
