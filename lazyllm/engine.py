@@ -1,145 +1,57 @@
-"""LazyLLM prefill: progressive per-layer token pruning, driving the model's own decoder layers.
+"""LazyLLM inference: progressive per-layer token pruning in prefill and at every decoding step.
 
-How a prefill runs (batch size 1, prompt of ``N`` tokens at original positions ``0..N-1``):
+One sequence (batch size 1). Every forward pass, the prefill and each decoding step alike, adds new
+tokens at the next original positions and ends with ``t``, the newest position. Per layer ``l``:
 
-1. Embed all tokens; compute rotary cos/sin once for all ``N`` positions (per layer type for Gemma 3).
-2. For each decoder layer ``l`` with active positions ``P_l`` (sorted, ``P_0 = 0..N-1``): run the
-   model's own layer on the hidden states of ``P_l`` with the cos/sin of ``P_l`` and a causal mask by
-   *original* positions (query ``i`` sees key ``j`` iff ``j <= i`` and, on sliding layers,
-   ``i - j < window``). Because ``P_l`` is sorted, plain causality in index space equals causality by
-   position, so full-attention layers keep sdpa's ``is_causal`` fast path and no mask is built;
-   sliding layers get an explicit mask only when ``P_l`` spans more than the window.
-3. If the schedule prunes after layer ``l``, the attention the last position paid at layer ``l`` is
-   computed from ``q_last . K^T`` inside the attention call (see :mod:`lazyllm.importance`), and the
-   lowest scorers are dropped by the rounding rule of :mod:`lazyllm.schedule`. ``P_{l+1}`` is a
-   subset of ``P_l`` and always holds the last position.
-4. Next-token logits come from the last position's final hidden state.
+* **Active set** ``A_l`` (sorted original positions): ``A_0`` is every position so far; ``A_{l+1}``
+  is ``A_l`` minus its lowest-ranked tokens by the schedule's rounding rule (``p[l]``), ranked by the
+  attention ``t`` pays each of them at layer ``l`` (softmax over ``A_l``, mean over query heads).
+  ``t`` always survives.
+* **Queries** ``Q_l = A_l \\ C_l``: the active tokens layer ``l`` has never computed (``C_l``, see
+  :mod:`lazyllm.state`). In a prefill that is all of ``A_l``; in a decoding step it is ``t`` plus any
+  *revived* token, one pruned earlier and chosen again now. Nothing is computed twice in one layer.
+* **Inputs of the queries**: for ``l = 0`` the embeddings; otherwise the layer ``l - 1`` output,
+  either computed in this pass or, for a revived token, taken from the Aux Cache of layer ``l - 1``.
+* **Attention**: each query at position ``i`` attends the keys of ``A_l`` at positions ``j <= i``
+  (and ``i - j < window`` on sliding layers), by original positions. Keys/values of ``A_l ∩ C_l``
+  come from the layer's KV store; those of ``Q_l`` are computed now and appended to it. Keys in
+  ``C_l \\ A_l`` (pruned this pass) are masked out.
+* **After the layer**: queries not in ``A_{l+1}`` park their output in the Aux Cache of layer ``l``.
 
-The model is never modified: the attention implementation is switched to ``"lazyllm"`` (a wrapper
-registered with transformers' ``AttentionInterface`` that delegates to the model's own kernel) only for
-the duration of a call, and restored in ``finally``.
+The next-token logits come from ``t``'s final hidden state. With an all-zero schedule every token is
+active everywhere and this is exactly ordinary KV-cached decoding.
+
+Fast paths: a layer with ``p[l] = 0`` passes ``Q_l`` and ``A_l`` on unchanged (``C_l = C_{l+1}``
+there); a prefill's active keys equal its queries in sorted order, so full layers use sdpa's
+``is_causal`` without a mask; a decoding query at ``t`` needs no mask while all keys are active.
+
+The model is never modified: its attention implementation is switched to the ``"lazyllm"`` wrapper
+(:mod:`lazyllm.attention`) only inside a call, and restored in ``finally``.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from lazyllm.architectures import DecoderStack, PositionEmbeddings, decoder_stack
-from lazyllm.importance import last_query_attention
+from lazyllm.attention import CALL_KWARG, AttentionCall, causal_mask, lazyllm_attention, query_key_mask
 from lazyllm.schedule import Schedule, num_pruned
-
-ATTENTION_NAME = "lazyllm"
-_CALL_KWARG = "lazyllm_call"
-_SWITCH_LOCK = threading.RLock()
-
-
-@dataclass
-class _AttentionCall:
-    """What one layer's attention call should do besides attending; filled in by the call."""
-
-    inner: str
-    want_scores: bool = False
-    last_key_mask: torch.Tensor | None = None  # [K] bool: keys the last query may see (sliding windows)
-    scores: torch.Tensor | None = None  # [B, K] float32, set when want_scores
-
-
-def _inner_attention(module: torch.nn.Module, name: str) -> Any:
-    if name == "eager":
-        # Each modeling file has its own eager kernel (Gemma's soft-caps); use the module's.
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[name]
-
-
-def _lazyllm_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Attention wrapper: the model's own kernel, plus last-query importance when asked for.
-
-    Shapes: query ``[B, H, Q, D]``, key/value ``[B, KVH, K, D]`` (transformers' attention interface).
-    """
-    call: _AttentionCall | None = kwargs.pop(_CALL_KWARG, None)
-    inner = _inner_attention(module, call.inner if call is not None else "sdpa")
-    if call is not None and call.want_scores:
-        call.scores = last_query_attention(
-            query,
-            key,
-            float(kwargs.get("scaling") or query.shape[-1] ** -0.5),
-            call.last_key_mask,
-            kwargs.get("softcap"),
-        )
-    result: tuple[torch.Tensor, torch.Tensor | None] = inner(
-        module, query, key, value, attention_mask, **kwargs
-    )
-    return result
-
-
-AttentionInterface.register(ATTENTION_NAME, _lazyllm_attention)
-
-
-@contextmanager
-def lazyllm_attention(model: Any) -> Iterator[str]:
-    """Route ``model``'s attention through the LazyLLM wrapper for the duration of the block.
-
-    Yields the model's own attention implementation (the wrapper delegates to it). The previous
-    setting is restored in ``finally``, so the model is never left modified.
-    """
-    with _SWITCH_LOCK:
-        original = model.config._attn_implementation
-        if original == ATTENTION_NAME:  # re-entrant use: already switched
-            raise RuntimeError("lazyllm_attention is already active on this model")
-        if original not in ("sdpa", "eager"):
-            raise ValueError(
-                f"attention implementation {original!r} is not supported; load the model with "
-                "attn_implementation='sdpa' (or 'eager')"
-            )
-        model.config._attn_implementation = ATTENTION_NAME
-        try:
-            yield original
-        finally:
-            model.config._attn_implementation = original
-
-
-def causal_mask(
-    positions: torch.Tensor, window: int | None, dtype: torch.dtype, *, explicit: bool
-) -> torch.Tensor | None:
-    """Additive mask ``[1, 1, n, n]`` for queries and keys at sorted original ``positions`` ``[n]``.
-
-    Returns None where sdpa's ``is_causal`` is exact (no window, or the window covers every pair) and
-    ``explicit`` is False. Eager attention needs ``explicit=True``: without a mask it is not causal.
-    """
-    n = positions.shape[0]
-    if not explicit and (window is None or int(positions[-1] - positions[0]) < window):
-        return None
-    q = positions[:, None]
-    k = positions[None, :]
-    allowed = k <= q
-    if window is not None:
-        allowed &= (q - k) < window
-    mask = torch.zeros(n, n, dtype=dtype, device=positions.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+from lazyllm.selectors import AttentionSelector, TokenSelector
+from lazyllm.state import GenerationState
+from lazyllm.text import StopCriteria, encode_prompt
+from lazyllm.timing import synchronize
 
 
 def select_survivors(scores: torch.Tensor, n_prune: int) -> torch.Tensor:
     """Indices (sorted, into the active set) of the tokens that survive pruning.
 
     Args:
-        scores: ``[n]`` importance of the active tokens; the last entry is the last position,
-            which always survives and is not ranked.
+        scores: ``[n]`` ranking of the active tokens; the last entry is the newest position, which
+            always survives and is not ranked.
         n_prune: how many tokens to drop, at most ``n - 1``.
 
     Ties prune the earlier position first (stable ascending sort).
@@ -161,7 +73,7 @@ class PrefillResult:
     Attributes:
         logits: ``[1, vocab]`` float32 next-token logits.
         computed_positions: one sorted int64 tensor per layer, the original positions that layer computed.
-        scores: per pruning layer, ``[n_l]`` importance of the tokens active at that layer.
+        scores: per pruning layer, ``[n_l]`` attention of the last position over the tokens active there.
     """
 
     logits: torch.Tensor
@@ -182,21 +94,72 @@ class PrefillResult:
         return int(self.logits[0].argmax())
 
 
+@dataclass(frozen=True)
+class GenerationResult:
+    """Output of :meth:`LazyLLM.generate`.
+
+    Attributes:
+        token_ids: generated ids (stop string / EOS included as generated, text cut at a stop string).
+        text: decoded generation, when a tokenizer is known.
+        prompt_tokens: prompt length N.
+        ttft_s: seconds from the call to the first token (prefill + first argmax).
+        total_s: seconds for the whole generation.
+        finish_reason: "eos", "stop_string" or "length".
+        prompt_usage_per_layer: share of prompt tokens each layer computed by the end (paper Fig. 7).
+        prompt_usage_per_step: share of (prompt token, layer) pairs computed so far, after each step.
+        aux_peak_entries / aux_peak_bytes: Aux Cache high-water mark.
+        step_logits: ``[vocab]`` float32 logits of each step, when asked for.
+    """
+
+    token_ids: list[int]
+    text: str | None
+    prompt_tokens: int
+    ttft_s: float
+    total_s: float
+    finish_reason: str
+    prompt_usage_per_layer: list[float]
+    prompt_usage_per_step: list[float]
+    aux_peak_entries: int
+    aux_peak_bytes: int
+    step_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    @property
+    def prompt_computed_fraction(self) -> float:
+        """Share of (prompt token, layer) pairs computed over the whole generation (paper Table 2)."""
+        return self.prompt_usage_per_step[-1]
+
+
 class LazyLLM:
     """A loaded causal LM plus a pruning :class:`Schedule`; the model itself is never changed.
 
     Args:
         model: a supported ``*ForCausalLM`` (see :mod:`lazyllm.architectures`), in eval mode.
         schedule: the pruning schedule; its layer count must match the model.
+        tokenizer: needed to generate from text, apply a chat template or use stop strings.
+        selector: how tokens are ranked at pruning layers (default: LazyLLM's attention rule).
         strict_model_name: also require ``schedule.model == model.config.name_or_path``.
+        track_computation: count every (layer, position) computation (for tests; small overhead).
     """
 
-    def __init__(self, model: Any, schedule: Schedule, *, strict_model_name: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        schedule: Schedule,
+        *,
+        tokenizer: Any = None,
+        selector: TokenSelector | None = None,
+        strict_model_name: bool = True,
+        track_computation: bool = False,
+    ) -> None:
         self.model = model
         self.stack: DecoderStack = decoder_stack(model)
         name = str(getattr(model.config, "name_or_path", "") or type(model).__name__)
         schedule.check_model(name, self.stack.num_layers, strict_name=strict_model_name)
         self.schedule = schedule
+        self.tokenizer = tokenizer
+        self.selector = selector or AttentionSelector()
+        self.track_computation = track_computation
+        self.last_state: GenerationState | None = None
 
     @property
     def device(self) -> torch.device:
@@ -214,56 +177,237 @@ class LazyLLM:
             raise ValueError("input_ids is empty; give at least one token")
         return ids
 
+    # ------------------------------------------------------------------------------------------------
+    def _forward(
+        self,
+        state: GenerationState,
+        new_ids: torch.Tensor,
+        start: int,
+        inner: str,
+        pe_table: dict[str, PositionEmbeddings],
+        trace: PrefillTrace | None = None,
+    ) -> torch.Tensor:
+        """One forward pass adding ``new_ids`` ``[1, q]`` at positions ``start..start+q-1``; returns the
+        ``[1, vocab]`` logits of the newest position. See the module docstring for the semantics."""
+        stack, sched = self.stack, self.schedule.percentiles
+        device = new_ids.device
+        q0 = new_ids.shape[1]
+        total = start + q0  # positions 0..total-1 exist after this pass
+        state.ensure_capacity(total)
+        active = torch.arange(total, device=device)  # A_0, sorted
+        q_pos = active[start:]  # Q_0: the new tokens
+        hidden = stack.embed(new_ids)  # [1, q, hidden]
+        explicit = inner == "eager"
+        all_active = True  # A_l is every position (no pruning yet in this pass)
+        pe_q = {t: (cos[:, q_pos], sin[:, q_pos]) for t, (cos, sin) in pe_table.items()}
+        for layer_idx, layer in enumerate(stack.layers):
+            n_active = active.shape[0]
+            n_prune = num_pruned(sched[layer_idx], n_active)
+            window = stack.windows[layer_idx]
+            kv = state.kv[layer_idx]
+            n_old = kv.length if state.store_kv else 0
+            q = q_pos.shape[0]
+            # keys: the layer's stored slots (if any) followed by the queries' own
+            key_active: torch.Tensor | None = None
+            if n_old and not all_active:
+                in_active = torch.zeros(total, dtype=torch.bool, device=device)
+                in_active[active] = True
+                key_active = torch.cat(
+                    [in_active[kv.slot_positions()], torch.ones(q, dtype=torch.bool, device=device)]
+                )
+            if n_old == 0:
+                # queries == keys == A_l, sorted: plain causality in index space is causality by position
+                mask = causal_mask(q_pos, window, hidden.dtype, explicit=explicit)
+                key_pos = q_pos
+            else:
+                key_pos = torch.cat([kv.slot_positions(), q_pos])
+                span_ok = window is None or int(key_pos.max() - key_pos.min()) < window
+                single_newest = q == 1  # the newest position: every stored key is earlier
+                if single_newest and key_active is None and span_ok and not explicit:
+                    mask = None
+                else:
+                    mask = query_key_mask(q_pos, key_pos, key_active, window, hidden.dtype)
+            last_key_mask = None
+            if n_prune:
+                last_key_mask = key_active
+                if window is not None and int(q_pos[-1] - key_pos.min()) >= window:
+                    in_window = (q_pos[-1] - key_pos) < window
+                    last_key_mask = in_window if last_key_mask is None else last_key_mask & in_window
+
+            def store(
+                key: torch.Tensor, value: torch.Tensor, kv: Any = kv, q_pos: torch.Tensor = q_pos
+            ) -> Any:
+                return kv.append(key, value, q_pos)
+
+            call = AttentionCall(
+                inner=inner,
+                store=store if state.store_kv else None,
+                want_scores=n_prune > 0,
+                last_key_mask=last_key_mask,
+            )
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=q_pos[None],
+                position_embeddings=pe_q[stack.layer_types[layer_idx]],
+                **{CALL_KWARG: call},
+            )
+            state.record_computed(layer_idx, q_pos, n_old)
+            if trace is not None:
+                trace.computed.append(active)
+            if layer_idx == stack.num_layers - 1:
+                break
+            if sched[layer_idx] == 0:
+                continue  # A_{l+1} = A_l and Q_{l+1} = Q_l
+            # --- choose A_{l+1} ---------------------------------------------------------------------
+            next_active = active
+            if n_prune:
+                if call.scores is None:
+                    raise RuntimeError(
+                        f"layer {layer_idx} did not call the attention interface; cannot score tokens"
+                    )
+                slots = (
+                    state.slot_of[layer_idx, active]
+                    if state.store_kv
+                    else torch.arange(n_active, device=device)
+                )
+                attention = call.scores[0, slots]  # [n_active], sorted by position
+                if trace is not None:
+                    trace.scores[layer_idx] = attention
+                keep = select_survivors(self.selector.rank(layer_idx, attention, active), n_prune)
+                next_active = active[keep]
+                all_active = False
+            # --- route hidden states: Q_{l+1} = A_{l+1} \ C_{l+1} -----------------------------------
+            need = (
+                next_active[state.slot_of[layer_idx + 1, next_active] < 0] if state.store_kv else next_active
+            )
+            row_of = torch.full((total,), -1, dtype=torch.long, device=device)
+            row_of[q_pos] = torch.arange(q, device=device)
+            rows = row_of[need]
+            fresh = rows >= 0
+            if bool(fresh.all()):
+                next_hidden = hidden[:, rows]
+            else:
+                next_hidden = hidden.new_empty(1, need.shape[0], hidden.shape[-1])
+                next_hidden[0, fresh] = hidden[0, rows[fresh]]
+                next_hidden[0, ~fresh] = state.revive(layer_idx, need[~fresh])
+            if state.store_kv:
+                in_next = torch.zeros(total, dtype=torch.bool, device=device)
+                in_next[next_active] = True
+                dropped = ~in_next[q_pos]
+                if bool(dropped.any()):
+                    state.park(layer_idx, q_pos[dropped], hidden[0, dropped])
+            hidden, q_pos, active = next_hidden, need, next_active
+            pe_q = {t: (cos[:, q_pos], sin[:, q_pos]) for t, (cos, sin) in pe_table.items()}
+        return stack.logits(hidden[:, -1:]).float()
+
+    def _pe_table(self, hidden_like: torch.Tensor, n_positions: int) -> dict[str, PositionEmbeddings]:
+        positions = torch.arange(n_positions, device=hidden_like.device)[None]
+        return self.stack.position_embeddings(hidden_like, positions)
+
+    # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor | list[int], *, return_scores: bool = False) -> PrefillResult:
-        """Run the pruned prefill of one prompt.
+        """Run the pruned prefill of one prompt (no caches kept).
 
         Args:
             input_ids: ``[1, N]`` or ``[N]`` token ids.
-            return_scores: keep the importance scores of every pruning layer in the result.
+            return_scores: keep the attention scores of every pruning layer in the result.
         """
         ids = self._as_input_ids(input_ids)
-        stack = self.stack
-        n_tokens = ids.shape[1]
+        n = ids.shape[1]
+        self.selector.reset()
+        state = GenerationState(
+            self.stack.num_layers, n, ids.device, store_kv=False, track=self.track_computation
+        )
+        trace = PrefillTrace()
         with lazyllm_attention(self.model) as inner:
-            explicit = inner == "eager"
-            hidden = stack.embed(ids)  # [1, N, hidden]
-            positions = torch.arange(n_tokens, device=ids.device)  # [N]
-            full_pe = stack.position_embeddings(hidden, positions[None])
-            pe: dict[str, PositionEmbeddings] = full_pe
-            masks: dict[int | None, torch.Tensor | None] = {}
-            computed: list[torch.Tensor] = []
-            kept_scores: dict[int, torch.Tensor] = {}
-            for layer_idx, layer in enumerate(stack.layers):
-                computed.append(positions)
-                n_active = positions.shape[0]
-                n_prune = num_pruned(self.schedule.percentiles[layer_idx], n_active)
-                window = stack.windows[layer_idx]
-                if window not in masks:
-                    masks[window] = causal_mask(positions, window, hidden.dtype, explicit=explicit)
-                last_key_mask = None
-                if n_prune and window is not None and int(positions[-1] - positions[0]) >= window:
-                    last_key_mask = (positions[-1] - positions) < window
-                call = _AttentionCall(inner=inner, want_scores=n_prune > 0, last_key_mask=last_key_mask)
-                hidden = layer(
-                    hidden,
-                    attention_mask=masks[window],
-                    position_ids=positions[None],
-                    position_embeddings=pe[stack.layer_types[layer_idx]],
-                    **{_CALL_KWARG: call},
-                )
-                if n_prune:
-                    if call.scores is None:
-                        raise RuntimeError(
-                            f"layer {layer_idx} did not call the attention interface; cannot score tokens"
-                        )
-                    scores = call.scores[0]
-                    if return_scores:
-                        kept_scores[layer_idx] = scores
-                    keep = select_survivors(scores, n_prune)
-                    hidden = hidden[:, keep]
-                    positions = positions[keep]
-                    pe = {t: (cos[:, keep], sin[:, keep]) for t, (cos, sin) in pe.items()}
-                    masks = {}
-            logits = stack.logits(hidden[:, -1:]).float()
-        return PrefillResult(logits=logits, computed_positions=tuple(computed), scores=kept_scores)
+            pe_table = self._pe_table(self.stack.embed(ids[:, :1]), n)
+            logits = self._forward(state, ids, 0, inner, pe_table, trace)
+        self.last_state = state
+        return PrefillResult(
+            logits=logits,
+            computed_positions=tuple(trace.computed),
+            scores=trace.scores if return_scores else {},
+        )
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: str | torch.Tensor | list[int],
+        *,
+        max_new_tokens: int = 64,
+        chat: bool = False,
+        eos_token_id: int | list[int] | None = None,
+        stop_strings: list[str] | tuple[str, ...] = (),
+        return_logits: bool = False,
+    ) -> GenerationResult:
+        """Greedy decoding with LazyLLM pruning in the prefill and at every step.
+
+        Args:
+            prompt: text (needs a tokenizer) or token ids ``[N]`` / ``[1, N]``.
+            max_new_tokens: at most this many new tokens.
+            chat: wrap a text prompt as a user turn of the tokenizer's chat template.
+            eos_token_id: stop at these ids (default: the tokenizer's / generation config's EOS).
+            stop_strings: stop once the decoded text contains one of these; the text is cut before it.
+            return_logits: keep every step's logits in the result.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens = {max_new_tokens}: must be >= 1")
+        t0 = time.perf_counter()
+        ids = self._as_input_ids(encode_prompt(self.tokenizer, prompt, chat=chat))
+        n = ids.shape[1]
+        stop = StopCriteria.build(self.model, self.tokenizer, eos_token_id, stop_strings)
+        self.selector.reset()
+        state = GenerationState(
+            self.stack.num_layers, n + max_new_tokens, ids.device, store_kv=True, track=self.track_computation
+        )
+        generated: list[int] = []
+        logits_kept: list[torch.Tensor] = []
+        usage_steps: list[float] = []
+        finish = "length"
+        ttft = 0.0
+        with lazyllm_attention(self.model) as inner:
+            pe_table = self._pe_table(self.stack.embed(ids[:, :1]), n + max_new_tokens)
+            next_input, start = ids, 0
+            for step in range(max_new_tokens):
+                logits = self._forward(state, next_input, start, inner, pe_table)
+                token = int(logits[0].argmax())
+                if step == 0:
+                    synchronize(ids.device)
+                    ttft = time.perf_counter() - t0
+                generated.append(token)
+                if return_logits:
+                    logits_kept.append(logits[0])
+                usage_steps.append(float((state.slot_of[:, :n] >= 0).float().mean()))
+                reason = stop.check(generated)
+                if reason:
+                    finish = reason
+                    break
+                start += next_input.shape[1]
+                next_input = torch.tensor([[token]], device=ids.device)
+        synchronize(ids.device)
+        total = time.perf_counter() - t0
+        self.last_state = state
+        per_layer = (state.slot_of[:, :n] >= 0).float().mean(dim=1).tolist()
+        return GenerationResult(
+            token_ids=generated,
+            text=stop.text(generated),
+            prompt_tokens=n,
+            ttft_s=ttft,
+            total_s=total,
+            finish_reason=finish,
+            prompt_usage_per_layer=per_layer,
+            prompt_usage_per_step=usage_steps,
+            aux_peak_entries=state.aux_peak_entries,
+            aux_peak_bytes=state.aux_peak_bytes,
+            step_logits=logits_kept,
+        )
+
+
+@dataclass
+class PrefillTrace:
+    """What a prefill pass records for :class:`PrefillResult`."""
+
+    computed: list[torch.Tensor] = field(default_factory=list)
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)

@@ -82,3 +82,98 @@ def reference_prefill(
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap
     return logits.float(), computed, importance
+
+
+def _rotary(
+    model: Any, hidden: torch.Tensor, positions: list[int], kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    pos = torch.tensor([positions])
+    if model.config.model_type == "gemma3_text":  # rotary per layer type
+        return model.model.rotary_emb(hidden, pos, kind)
+    return model.model.rotary_emb(hidden, pos)
+
+
+@torch.no_grad()
+def reference_generate(
+    model: Any, prompt: list[int], percentiles: list[float], max_new_tokens: int
+) -> tuple[list[int], list[torch.Tensor], dict[tuple[int, int], int], list[list[set[int]]]]:
+    """LazyLLM greedy decoding with per-token bookkeeping and no batching tricks.
+
+    Every token's *input* hidden state at every layer it was computed at is kept (``inp[l][pos]``),
+    as is its output (``out[l][pos]``; the outputs of pruned tokens are the Aux Cache). Keys and values
+    are never cached: to compute query ``x`` at layer ``l`` the layer is run on the stored inputs of
+    the active keys at positions ``<= x`` plus ``x`` itself, and only ``x``'s row is read.
+
+    Returns (generated ids, logits per step, computations per (layer, position), and per step the
+    active set of every layer).
+    """
+    assert model.config._attn_implementation == "eager"
+    core = model.model
+    layers = len(core.layers)
+    inp: list[dict[int, torch.Tensor]] = [{} for _ in range(layers)]
+    out: list[dict[int, torch.Tensor]] = [{} for _ in range(layers)]
+    count: dict[tuple[int, int], int] = {}
+    tokens = list(prompt)
+    generated: list[int] = []
+    step_logits: list[torch.Tensor] = []
+    active_sets: list[list[set[int]]] = []
+    n_new = len(prompt)
+    for _ in range(max_new_tokens):
+        total = len(tokens)
+        t = total - 1
+        embeds = core.embed_tokens(torch.tensor([tokens[total - n_new :]]))[0]
+        active = list(range(total))
+        sets: list[set[int]] = []
+        for layer_idx, layer in enumerate(core.layers):
+            sets.append(set(active))
+            kind, window = _window(model.config, layer_idx)
+            queries = [x for x in active if x not in inp[layer_idx]]
+            for x in queries:  # inputs of the tokens this layer computes now
+                if layer_idx == 0:
+                    inp[0][x] = embeds[x - (total - n_new)]
+                else:
+                    assert x in out[layer_idx - 1], (
+                        f"token {x} has no layer-{layer_idx - 1} output to resume from"
+                    )
+                    inp[layer_idx][x] = out[layer_idx - 1][x]
+            t_attention: dict[int, float] = {}
+            for x in queries:
+                keys = [k for k in active if k <= x and (window is None or x - k < window)]
+                hidden = torch.stack([inp[layer_idx][k] for k in keys])[None]
+                cos, sin = _rotary(model, hidden, keys, kind)
+                captured: list[torch.Tensor] = []
+                handle = layer.self_attn.register_forward_hook(
+                    lambda _m, _i, o, sink=captured: sink.append(o[1])
+                )
+                try:
+                    result = layer(
+                        hidden,
+                        attention_mask=_mask(keys, None, hidden.dtype),
+                        position_ids=torch.tensor([keys]),
+                        position_embeddings=(cos, sin),
+                    )
+                finally:
+                    handle.remove()
+                out[layer_idx][x] = result[0, -1]
+                count[(layer_idx, x)] = count.get((layer_idx, x), 0) + 1
+                if x == t:
+                    probs = captured[0][0, :, -1, :].mean(dim=0)
+                    t_attention = {k: float(p) for k, p in zip(keys, probs)}
+            p = percentiles[layer_idx]
+            n = len(active)
+            k_drop = min(math.floor(p * n / 100 + 1e-9), n - 1) if p > 0 else 0
+            if k_drop:
+                ranked = sorted((x for x in active if x != t), key=lambda x: (t_attention.get(x, 0.0), x))
+                dropped = set(ranked[:k_drop])
+                active = [x for x in active if x not in dropped]
+        active_sets.append(sets)
+        logits = model.lm_head(core.norm(out[layers - 1][t][None, None]))[0, -1].float()
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        step_logits.append(logits)
+        token = int(logits.argmax())
+        generated.append(token)
+        tokens.append(token)
+        n_new = 1
+    return generated, step_logits, count, active_sets

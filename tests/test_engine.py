@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from reference import reference_prefill
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from lazyllm.engine import LazyLLM, causal_mask, select_survivors
+from lazyllm.attention import causal_mask
+from lazyllm.engine import LazyLLM, select_survivors
 from lazyllm.schedule import Schedule
 
 _PAIRS: dict[str, tuple[Any, Any]] = {}

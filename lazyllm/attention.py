@@ -1,0 +1,148 @@
+"""The attention hook of the engine: the model's own kernel plus what LazyLLM needs around it.
+
+The engine switches a model's attention implementation to ``"lazyllm"`` for the duration of a call
+(:func:`lazyllm_attention`). That name is registered with transformers' ``AttentionInterface``; the
+wrapper receives each layer's post-rotary queries, keys and values and
+
+* prepends the keys/values the layer computed in earlier steps (the engine's per-layer KV store),
+* computes the last query's attention over the active keys when the layer prunes,
+* delegates the attention itself to the model's own kernel (sdpa or eager).
+
+Masks here are additive float masks ``[1, 1, q, k]`` (0 = attend, dtype-min = blocked), which both
+sdpa and eager accept.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from lazyllm.importance import last_query_attention
+
+ATTENTION_NAME = "lazyllm"
+CALL_KWARG = "lazyllm_call"
+_SWITCH_LOCK = threading.RLock()
+
+
+@dataclass
+class AttentionCall:
+    """What one layer's attention call should do besides attending; ``scores`` is filled in by it.
+
+    Attributes:
+        inner: the model's own attention implementation ("sdpa" or "eager").
+        store: called with the new ``key, value`` ``[1, KVH, q, D]``; returns all keys/values the
+            queries may see ``[1, KVH, k, D]`` (None: the new ones are all there is, as in a prefill).
+        want_scores: compute the last query's attention over the keys.
+        last_key_mask: ``[k]`` bool, keys the last query may see (None: all).
+        scores: ``[1, k]`` float32, set when ``want_scores``.
+    """
+
+    inner: str
+    store: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    want_scores: bool = False
+    last_key_mask: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+
+
+def _inner_attention(module: torch.nn.Module, name: str) -> Any:
+    if name == "eager":
+        # Each modeling file has its own eager kernel (Gemma's soft-caps); use the module's.
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _lazyllm_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shapes: query ``[B, H, q, D]``, key/value ``[B, KVH, q, D]`` (transformers' attention interface)."""
+    call: AttentionCall | None = kwargs.pop(CALL_KWARG, None)
+    inner = _inner_attention(module, call.inner if call is not None else "sdpa")
+    if call is not None:
+        if call.store is not None:
+            key, value = call.store(key, value)
+        if call.want_scores:
+            scaling = float(kwargs.get("scaling") or query.shape[-1] ** -0.5)
+            call.scores = last_query_attention(query, key, scaling, call.last_key_mask, kwargs.get("softcap"))
+    result: tuple[torch.Tensor, torch.Tensor | None] = inner(
+        module, query, key, value, attention_mask, **kwargs
+    )
+    return result
+
+
+AttentionInterface.register(ATTENTION_NAME, _lazyllm_attention)
+
+
+@contextmanager
+def lazyllm_attention(model: Any) -> Iterator[str]:
+    """Route ``model``'s attention through the LazyLLM wrapper for the duration of the block.
+
+    Yields the model's own attention implementation (the wrapper delegates to it). The previous
+    setting is restored in ``finally``, so the model is never left modified.
+    """
+    with _SWITCH_LOCK:
+        original = model.config._attn_implementation
+        if original == ATTENTION_NAME:
+            raise RuntimeError("lazyllm_attention is already active on this model")
+        if original not in ("sdpa", "eager"):
+            raise ValueError(
+                f"attention implementation {original!r} is not supported; load the model with "
+                "attn_implementation='sdpa' (or 'eager')"
+            )
+        model.config._attn_implementation = ATTENTION_NAME
+        try:
+            yield original
+        finally:
+            model.config._attn_implementation = original
+
+
+def causal_mask(
+    positions: torch.Tensor, window: int | None, dtype: torch.dtype, *, explicit: bool
+) -> torch.Tensor | None:
+    """Mask ``[1, 1, n, n]`` for queries and keys both at sorted original ``positions`` ``[n]``.
+
+    Returns None where sdpa's ``is_causal`` is exact (no window, or the window covers every pair) and
+    ``explicit`` is False. Eager attention needs ``explicit=True``: without a mask it is not causal.
+    """
+    if not explicit and (window is None or int(positions[-1] - positions[0]) < window):
+        return None
+    return query_key_mask(positions, positions, None, window, dtype)
+
+
+def query_key_mask(
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    key_active: torch.Tensor | None,
+    window: int | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Mask ``[1, 1, q, k]``: query ``i`` sees key ``j`` iff the key is active, ``pos_j <= pos_i`` and,
+    with a window, ``pos_i - pos_j < window``.
+
+    Args:
+        query_positions: ``[q]`` original positions of the queries.
+        key_positions: ``[k]`` original positions of the keys (any order).
+        key_active: ``[k]`` bool or None (all active).
+    """
+    q = query_positions[:, None]
+    k = key_positions[None, :]
+    allowed = k <= q
+    if window is not None:
+        allowed &= (q - k) < window
+    if key_active is not None:
+        allowed &= key_active[None, :]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]

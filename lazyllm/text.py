@@ -1,0 +1,95 @@
+"""Prompt encoding (raw text or a chat turn) and stopping rules (EOS ids, stop strings)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def encode_prompt(
+    tokenizer: Any, prompt: str | torch.Tensor | Sequence[int], *, chat: bool = False
+) -> torch.Tensor:
+    """Token ids ``[1, N]`` of a prompt given as text or ids.
+
+    With ``chat``, a text prompt becomes the user turn of the tokenizer's chat template (with the
+    generation prompt appended); a tokenizer without a template is an error.
+    """
+    if not isinstance(prompt, str):
+        if chat:
+            raise ValueError("chat=True needs a text prompt; token ids are used as they are")
+        return torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1)
+    if tokenizer is None:
+        raise ValueError("a text prompt needs a tokenizer: LazyLLM(model, schedule, tokenizer=tokenizer)")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "chat=True but the tokenizer has no chat template; pass chat=False for a raw prompt"
+            )
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
+        )
+        return torch.as_tensor(encoded["input_ids"], dtype=torch.long).reshape(1, -1)
+    return torch.as_tensor(tokenizer(prompt)["input_ids"], dtype=torch.long).reshape(1, -1)
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    """When greedy decoding stops, and the text it returns.
+
+    Args:
+        eos_ids: token ids that end the generation.
+        stop_strings: the generation ends once its decoded text contains one of these.
+        tokenizer: decodes the generation (None: no text, and no stop strings allowed).
+    """
+
+    eos_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    tokenizer: Any
+
+    def __post_init__(self) -> None:
+        if self.stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer: LazyLLM(model, schedule, tokenizer=tokenizer)")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("stop_strings contains an empty string; remove it")
+
+    @classmethod
+    def build(
+        cls, model: Any, tokenizer: Any, eos_token_id: int | Sequence[int] | None, stop_strings: Sequence[str]
+    ) -> StopCriteria:
+        """EOS ids from the argument, else the model's generation config, else the tokenizer."""
+        if eos_token_id is None:
+            config = getattr(model, "generation_config", None)
+            eos_token_id = getattr(config, "eos_token_id", None)
+            if eos_token_id is None and tokenizer is not None:
+                eos_token_id = tokenizer.eos_token_id
+        ids = (
+            []
+            if eos_token_id is None
+            else [eos_token_id]
+            if isinstance(eos_token_id, int)
+            else list(eos_token_id)
+        )
+        return cls(
+            eos_ids=frozenset(int(i) for i in ids), stop_strings=tuple(stop_strings), tokenizer=tokenizer
+        )
+
+    def check(self, generated: list[int]) -> str | None:
+        """ "eos" or "stop_string" if the generation should end now, else None."""
+        if generated and generated[-1] in self.eos_ids:
+            return "eos"
+        if self.stop_strings:
+            text = self.tokenizer.decode(generated, skip_special_tokens=True)
+            if any(s in text for s in self.stop_strings):
+                return "stop_string"
+        return None
+
+    def text(self, generated: list[int]) -> str | None:
+        """The decoded generation without special tokens, cut before the first stop string."""
+        if self.tokenizer is None:
+            return None
+        text: str = self.tokenizer.decode(generated, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in self.stop_strings) if i >= 0), default=len(text))
+        return text[:cut]

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ARCHS
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference import reference_generate
+from test_engine import prompt, sdpa_and_eager
+
+from lazyllm.engine import LazyLLM
+from lazyllm.schedule import Schedule
+from lazyllm.selectors import RandomSelector
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_keep_all_decoding_equals_transformers_generate(arch: str) -> None:
+    model, _ = sdpa_and_eager(arch)
+    ids = prompt(30, seed=3)
+    engine = LazyLLM(model, Schedule.keep_all(model.config.name_or_path, model.config.num_hidden_layers))
+    result = engine.generate(ids, max_new_tokens=64, eos_token_id=[], return_logits=True)
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=64,
+            min_new_tokens=64,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    assert result.token_ids == out.sequences[0, 30:].tolist()
+    assert len(result.step_logits) == len(out.logits) == 64
+    for ours, theirs in zip(result.step_logits, out.logits):
+        torch.testing.assert_close(ours, theirs[0].float(), atol=1e-4, rtol=0)
+    assert result.prompt_computed_fraction == 1.0 and result.aux_peak_entries == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_pruned_decoding_matches_slow_reference(arch: str, data: st.DataObject) -> None:
+    sdpa, eager = sdpa_and_eager(arch)
+    layers = sdpa.config.num_hidden_layers
+    n = data.draw(st.integers(2, 24), label="n")
+    pct = data.draw(
+        st.lists(st.sampled_from([0.0, 0.0, 20.0, 50.0, 80.0]), min_size=layers - 1, max_size=layers - 1),
+        label="percentiles",
+    )
+    steps = data.draw(st.integers(1, 6), label="steps")
+    schedule = Schedule(sdpa.config.name_or_path, (*pct, 0.0))
+    ids = prompt(n, seed=data.draw(st.integers(0, 1000), label="seed"))
+    engine = LazyLLM(sdpa, schedule, track_computation=True)
+    result = engine.generate(ids, max_new_tokens=steps, eos_token_id=[], return_logits=True)
+    ref_tokens, ref_logits, ref_count, _ = reference_generate(
+        eager, ids[0].tolist(), list(schedule.percentiles), steps
+    )
+
+    assert result.token_ids == ref_tokens
+    for ours, theirs in zip(result.step_logits, ref_logits):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+    state = engine.last_state
+    assert state is not None and state.computed is not None
+    total = n + steps - 1
+    # each (layer, position) computed at most once, and exactly the pairs the reference computed
+    assert int(state.computed.max()) <= 1
+    ours = {(layer, pos) for layer, pos in (state.computed[:, :total] > 0).nonzero().tolist()}
+    assert ours == set(ref_count)
+    assert max(ref_count.values()) == 1
+    # C_{l+1} is a subset of C_l
+    done = state.slot_of[:, :total] >= 0
+    assert bool((done[1:] <= done[:-1]).all())
+
+
+def test_tokens_come_back_from_the_aux_cache() -> None:
+    """With heavy pruning, later steps select tokens pruned earlier; they resume from the Aux Cache."""
+    sdpa, eager = sdpa_and_eager("llama")
+    schedule = Schedule("tiny-llama", (0.0, 70.0, 0.0, 70.0, 0.0))
+    ids = prompt(40, seed=11)
+    engine = LazyLLM(sdpa, schedule, track_computation=True)
+    result = engine.generate(ids, max_new_tokens=8, eos_token_id=[])
+    state = engine.last_state
+    assert state is not None and state.computed is not None
+    # layer 2 computed more prompt tokens over the generation than the prefill alone chose
+    prefill_counts = schedule.keep_counts(40)
+    assert int((state.slot_of[2, :40] >= 0).sum()) > prefill_counts[2]
+    assert result.aux_peak_entries > 0
+    assert int(state.computed.max()) == 1
+    usage = result.prompt_usage_per_step
+    assert usage == sorted(usage) and 0 < usage[0] < 1
+    ref_tokens, *_ = reference_generate(eager, ids[0].tolist(), list(schedule.percentiles), 8)
+    assert result.token_ids == ref_tokens
+
+
+def test_random_drop_is_seeded_and_keeps_counts() -> None:
+    sdpa, _ = sdpa_and_eager("llama")
+    schedule = Schedule("tiny-llama", (0.0, 50.0, 0.0, 50.0, 0.0))
+    ids = prompt(40, seed=5)
+    a = LazyLLM(sdpa, schedule, selector=RandomSelector(seed=1)).prefill(ids)
+    b = LazyLLM(sdpa, schedule, selector=RandomSelector(seed=1)).prefill(ids)
+    c = LazyLLM(sdpa, schedule, selector=RandomSelector(seed=2)).prefill(ids)
+    lazy = LazyLLM(sdpa, schedule).prefill(ids)
+    assert [p.tolist() for p in a.computed_positions] == [p.tolist() for p in b.computed_positions]
+    assert a.computed_positions[4].tolist() != c.computed_positions[4].tolist()
+    assert a.active_counts == lazy.active_counts == schedule.keep_counts(40)
+    assert a.computed_positions[2].tolist() != lazy.computed_positions[2].tolist()
+
+
+def test_stop_rules() -> None:
+    sdpa, _ = sdpa_and_eager("llama")
+    engine = LazyLLM(sdpa, Schedule.keep_all("tiny-llama", 5))
+    ids = prompt(10, seed=7)
+    free = engine.generate(ids, max_new_tokens=8, eos_token_id=[])
+    assert free.finish_reason == "length" and len(free.token_ids) == 8
+    eos = free.token_ids[3]
+    stopped = engine.generate(ids, max_new_tokens=8, eos_token_id=eos)
+    assert stopped.finish_reason == "eos"
+    assert stopped.token_ids == free.token_ids[: free.token_ids.index(eos) + 1]
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        engine.generate("text prompt")
+    with pytest.raises(ValueError, match="stop_strings need a tokenizer"):
+        engine.generate(ids, stop_strings=["\n"])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate(ids, max_new_tokens=0)
