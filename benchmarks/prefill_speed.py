@@ -30,7 +30,7 @@ def schedules(name: str, layers: int) -> dict[str, Schedule]:
     half, third = layers // 2, layers // 3
     return {
         "late-50%": Schedule.from_layers(name, layers, {half: 50}),
-        "progressive-30%": Schedule.progressive(name, layers, start_layer=half, final_keep=0.3, stages=4),
+        "progressive-30%": Schedule.paper_style(name, layers),
         "early-progressive-10%": Schedule.progressive(
             name, layers, start_layer=third, final_keep=0.1, stages=5
         ),

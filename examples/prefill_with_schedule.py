@@ -8,10 +8,7 @@ import sys
 from lazyllm import LazyLLM, Schedule, load_model
 
 model, tokenizer = load_model("smollm2-135m")
-if len(sys.argv) > 1:
-    schedule = Schedule.load(sys.argv[1])
-else:
-    schedule = Schedule.progressive("smollm2-135m", 30, start_layer=15, final_keep=0.3, stages=4)
+schedule = Schedule.load(sys.argv[1]) if len(sys.argv) > 1 else Schedule.paper_style("smollm2-135m", 30)
 text = " ".join(["The meeting was moved to Thursday because the hall was booked."] * 60)
 ids = tokenizer(text + " The meeting was moved to", return_tensors="pt")["input_ids"]
 result = LazyLLM(model, schedule).prefill(ids)

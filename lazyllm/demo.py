@@ -85,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, tokenizer = load_model(args.model)
         layers = model.config.num_hidden_layers
-        if args.schedule:
-            schedule = Schedule.load(args.schedule)
-        else:
-            schedule = Schedule.progressive(
-                args.model, layers, start_layer=layers // 2, final_keep=0.3, stages=4
-            )
+        schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)
         pruned = LazyLLM(model, schedule)
         if args.prompt_file:
             try:

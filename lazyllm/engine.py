@@ -139,6 +139,8 @@ class LazyLLM:
         selector: how tokens are ranked at pruning layers (default: LazyLLM's attention rule).
         strict_model_name: also require ``schedule.model == model.config.name_or_path``.
         track_computation: count every (layer, position) computation (for tests; small overhead).
+        static: static token pruning (a baseline): prune only in the prefill; decoding steps use the
+            prompt tokens that reached the last layer and never revive others.
     """
 
     def __init__(
@@ -150,6 +152,7 @@ class LazyLLM:
         selector: TokenSelector | None = None,
         strict_model_name: bool = True,
         track_computation: bool = False,
+        static: bool = False,
     ) -> None:
         self.model = model
         self.stack: DecoderStack = decoder_stack(model)
@@ -159,6 +162,7 @@ class LazyLLM:
         self.tokenizer = tokenizer
         self.selector = selector or AttentionSelector()
         self.track_computation = track_computation
+        self.static = static
         self.last_state: GenerationState | None = None
 
     @property
@@ -186,23 +190,33 @@ class LazyLLM:
         inner: str,
         pe_table: dict[str, PositionEmbeddings],
         trace: PrefillTrace | None = None,
-    ) -> torch.Tensor:
-        """One forward pass adding ``new_ids`` ``[1, q]`` at positions ``start..start+q-1``; returns the
-        ``[1, vocab]`` logits of the newest position. See the module docstring for the semantics."""
-        stack, sched = self.stack, self.schedule.percentiles
+        percentiles: tuple[float, ...] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward pass adding ``new_ids`` ``[1, q]`` at positions ``start..start+q-1``.
+
+        Returns the ``[1, vocab]`` logits of the newest position and the positions active at the last
+        layer. ``percentiles`` overrides the schedule for this pass. See the module docstring.
+        """
+        stack = self.stack
+        sched = self.schedule.percentiles if percentiles is None else percentiles
         device = new_ids.device
         q0 = new_ids.shape[1]
         total = start + q0  # positions 0..total-1 exist after this pass
         state.ensure_capacity(total)
-        active = torch.arange(total, device=device)  # A_0, sorted
-        q_pos = active[start:]  # Q_0: the new tokens
+        q_pos = torch.arange(start, total, device=device)  # Q_0: the new tokens
+        visible = state.visible_prompt
+        all_active = visible is None  # A_l is every position (no pruning yet in this pass)
+        if visible is None:
+            active = torch.arange(total, device=device)  # A_0, sorted
+        else:  # static pruning: prompt tokens dropped in the prefill stay out for good
+            active = torch.cat([visible, torch.arange(state.prompt_tokens, total, device=device)])
         hidden = stack.embed(new_ids)  # [1, q, hidden]
         explicit = inner == "eager"
-        all_active = True  # A_l is every position (no pruning yet in this pass)
         pe_q = {t: (cos[:, q_pos], sin[:, q_pos]) for t, (cos, sin) in pe_table.items()}
         for layer_idx, layer in enumerate(stack.layers):
             n_active = active.shape[0]
             n_prune = num_pruned(sched[layer_idx], n_active)
+            observe = self.selector.observes(layer_idx)
             window = stack.windows[layer_idx]
             kv = state.kv[layer_idx]
             n_old = kv.length if state.store_kv else 0
@@ -228,7 +242,7 @@ class LazyLLM:
                 else:
                     mask = query_key_mask(q_pos, key_pos, key_active, window, hidden.dtype)
             last_key_mask = None
-            if n_prune:
+            if n_prune or observe:
                 last_key_mask = key_active
                 if window is not None and int(q_pos[-1] - key_pos.min()) >= window:
                     in_window = (q_pos[-1] - key_pos) < window
@@ -242,7 +256,7 @@ class LazyLLM:
             call = AttentionCall(
                 inner=inner,
                 store=store if state.store_kv else None,
-                want_scores=n_prune > 0,
+                want_scores=n_prune > 0 or observe,
                 last_key_mask=last_key_mask,
             )
             hidden = layer(
@@ -255,13 +269,8 @@ class LazyLLM:
             state.record_computed(layer_idx, q_pos, n_old)
             if trace is not None:
                 trace.computed.append(active)
-            if layer_idx == stack.num_layers - 1:
-                break
-            if sched[layer_idx] == 0:
-                continue  # A_{l+1} = A_l and Q_{l+1} = Q_l
-            # --- choose A_{l+1} ---------------------------------------------------------------------
-            next_active = active
-            if n_prune:
+            attention = None
+            if n_prune or observe:
                 if call.scores is None:
                     raise RuntimeError(
                         f"layer {layer_idx} did not call the attention interface; cannot score tokens"
@@ -274,6 +283,15 @@ class LazyLLM:
                 attention = call.scores[0, slots]  # [n_active], sorted by position
                 if trace is not None:
                     trace.scores[layer_idx] = attention
+                if observe:
+                    self.selector.observe(layer_idx, attention, active)
+            if layer_idx == stack.num_layers - 1:
+                break
+            if sched[layer_idx] == 0:
+                continue  # A_{l+1} = A_l and Q_{l+1} = Q_l
+            # --- choose A_{l+1} ---------------------------------------------------------------------
+            next_active = active
+            if n_prune and attention is not None:
                 keep = select_survivors(self.selector.rank(layer_idx, attention, active), n_prune)
                 next_active = active[keep]
                 all_active = False
@@ -299,7 +317,7 @@ class LazyLLM:
                     state.park(layer_idx, q_pos[dropped], hidden[0, dropped])
             hidden, q_pos, active = next_hidden, need, next_active
             pe_q = {t: (cos[:, q_pos], sin[:, q_pos]) for t, (cos, sin) in pe_table.items()}
-        return stack.logits(hidden[:, -1:]).float()
+        return stack.logits(hidden[:, -1:]).float(), active
 
     def _pe_table(self, hidden_like: torch.Tensor, n_positions: int) -> dict[str, PositionEmbeddings]:
         positions = torch.arange(n_positions, device=hidden_like.device)[None]
@@ -323,7 +341,7 @@ class LazyLLM:
         trace = PrefillTrace()
         with lazyllm_attention(self.model) as inner:
             pe_table = self._pe_table(self.stack.embed(ids[:, :1]), n)
-            logits = self._forward(state, ids, 0, inner, pe_table, trace)
+            logits, _ = self._forward(state, ids, 0, inner, pe_table, trace)
         self.last_state = state
         return PrefillResult(
             logits=logits,
@@ -362,6 +380,7 @@ class LazyLLM:
         state = GenerationState(
             self.stack.num_layers, n + max_new_tokens, ids.device, store_kv=True, track=self.track_computation
         )
+        state.prompt_tokens = n
         generated: list[int] = []
         logits_kept: list[torch.Tensor] = []
         usage_steps: list[float] = []
@@ -370,8 +389,15 @@ class LazyLLM:
         with lazyllm_attention(self.model) as inner:
             pe_table = self._pe_table(self.stack.embed(ids[:, :1]), n + max_new_tokens)
             next_input, start = ids, 0
+            decode_sched: tuple[float, ...] | None = None
             for step in range(max_new_tokens):
-                logits = self._forward(state, next_input, start, inner, pe_table)
+                logits, final_active = self._forward(
+                    state, next_input, start, inner, pe_table, None, decode_sched
+                )
+                if step == 0 and self.static:
+                    # static pruning: the prompt tokens that reached the last layer are all later steps see
+                    state.visible_prompt = final_active[final_active < n]
+                    decode_sched = (0.0,) * self.stack.num_layers
                 token = int(logits[0].argmax())
                 if step == 0:
                     synchronize(ids.device)

@@ -155,6 +155,14 @@ class Schedule:
         layers = [start_layer + round(i * (span - 1) / max(stages - 1, 1)) for i in range(stages)]
         return cls.from_layers(model, num_layers, {layer: per_stage for layer in layers})
 
+    @classmethod
+    def paper_style(cls, model: str, num_layers: int) -> Schedule:
+        """A hand-made default: 4 equal prunes from mid-depth on, 30% of the prompt reaching the last layer.
+
+        Not tuned for any model; ``tuner.search`` finds better ones per model and task.
+        """
+        return cls.progressive(model, num_layers, start_layer=num_layers // 2, final_keep=0.3, stages=4)
+
     # ----------------------------------------------------------------------------------------------
     # views
     @property

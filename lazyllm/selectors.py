@@ -27,6 +27,13 @@ class TokenSelector(ABC):
     def reset(self) -> None:  # noqa: B027 - optional hook, most selectors keep no state
         """Called at the start of every generation."""
 
+    def observes(self, layer: int) -> bool:
+        """Whether the engine should report the attention at ``layer`` even where nothing is pruned."""
+        return False
+
+    def observe(self, layer: int, attention: torch.Tensor, positions: torch.Tensor) -> None:  # noqa: B027
+        """Receives the attention at a layer :meth:`observes` asked for (same shapes as :meth:`rank`)."""
+
 
 class AttentionSelector(TokenSelector):
     """LazyLLM: keep the tokens the last position attends to most."""
@@ -50,3 +57,30 @@ class RandomSelector(TokenSelector):
 
     def rank(self, layer: int, attention: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return torch.rand(attention.shape[0], generator=self._generator).to(attention.device)
+
+
+class MeanAttentionSelector(TokenSelector):
+    """Static token pruning's rule: rank by the last position's attention averaged over the first
+    ``score_layers`` layers (all tokens are active there: nothing is pruned before the decision)."""
+
+    def __init__(self, score_layers: int) -> None:
+        if score_layers < 1:
+            raise ValueError(f"score_layers = {score_layers}: must be >= 1")
+        self.score_layers = score_layers
+        self._sum: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        self._sum = None
+
+    def observes(self, layer: int) -> bool:
+        return layer < self.score_layers
+
+    def observe(self, layer: int, attention: torch.Tensor, positions: torch.Tensor) -> None:
+        if self._sum is None or self._sum.shape != attention.shape:
+            self._sum = torch.zeros_like(attention)
+        self._sum += attention
+
+    def rank(self, layer: int, attention: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self._sum is None or self._sum.shape != attention.shape:
+            raise RuntimeError("static pruning must prune at the last of its scoring layers (engine misuse)")
+        return self._sum / self.score_layers

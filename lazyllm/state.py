@@ -97,6 +97,8 @@ class GenerationState:
         self.computed = torch.zeros(num_layers, capacity, dtype=torch.int32, device=device) if track else None
         self.aux_peak_entries = 0
         self.aux_peak_bytes = 0
+        self.prompt_tokens = 0
+        self.visible_prompt: torch.Tensor | None = None  # static pruning: the prompt positions still in play
 
     def ensure_capacity(self, n_positions: int) -> None:
         """Grow the per-position tables to hold ``n_positions`` positions."""

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import prompt, sdpa_and_eager
+
+from lazyllm.baselines import PromptCompression, random_drop, static_pruning
+from lazyllm.engine import LazyLLM
+from lazyllm.schedule import Schedule
+
+
+class _CharTokenizer:
+    """Token id i decodes to " w" for even i (a new word) and "x" for odd i (continues the word)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(" w" if i % 2 == 0 else "x" for i in ids)
+
+
+def test_static_pruning_prunes_once_and_never_revives() -> None:
+    model, _ = sdpa_and_eager("llama")
+    ids = prompt(40, seed=4)
+    engine = static_pruning(model, keep_fraction=0.4, score_layers=2)
+    engine.track_computation = True
+    result = engine.generate(ids, max_new_tokens=6, eos_token_id=[])
+    state = engine.last_state
+    assert state is not None and state.computed is not None
+    done = state.slot_of[:, :40] >= 0
+    kept = done[2]
+    assert int(kept.sum()) == 40 - int(0.6 * 40)
+    assert bool(kept[39])
+    # layers 0-1 computed every prompt token once; every later layer exactly the kept ones, in every step
+    assert bool(done[:2].all())
+    for layer in range(2, 5):
+        assert torch.equal(done[layer], kept)
+    assert int(state.computed.max()) == 1
+    assert result.prompt_usage_per_step[0] == result.prompt_usage_per_step[-1]
+    # the decision used the mean attention of layers 0 and 1, not layer 1 alone
+    lazy = LazyLLM(model, engine.schedule).prefill(ids)
+    assert lazy.active_counts == engine.prefill(ids).active_counts
+    with pytest.raises(ValueError, match="keep_fraction"):
+        static_pruning(model, keep_fraction=0.0)
+
+
+def test_static_decoding_sees_only_kept_prompt_tokens() -> None:
+    """After the prefill, the active prompt set of every decoding step is the kept set."""
+    model, _ = sdpa_and_eager("llama")
+    ids = prompt(40, seed=4)
+    engine = static_pruning(model, keep_fraction=0.5, score_layers=1)
+    engine.track_computation = True
+    base = engine.generate(ids, max_new_tokens=5, eos_token_id=[], return_logits=True)
+    state = engine.last_state
+    assert state is not None
+    kept = state.slot_of[1, :40] >= 0
+    assert int(kept.sum()) == 20
+    assert base.finish_reason == "length"
+    assert state.visible_prompt is not None and torch.equal(state.visible_prompt, kept.nonzero()[:, 0])
+
+
+def test_random_drop_same_counts() -> None:
+    model, _ = sdpa_and_eager("qwen2")
+    schedule = Schedule("tiny-qwen2", (0.0, 50.0, 0.0, 30.0, 0.0))
+    ids = prompt(33, seed=2)
+    a = random_drop(model, schedule, seed=3)
+    assert a.prefill(ids).active_counts == schedule.keep_counts(33)
+    r1 = a.generate(ids, max_new_tokens=4, eos_token_id=[])
+    r2 = random_drop(model, schedule, seed=3).generate(ids, max_new_tokens=4, eos_token_id=[])
+    assert r1.token_ids == r2.token_ids
+
+
+def test_prompt_compression_drops_low_information_words() -> None:
+    model, _ = sdpa_and_eager("llama")
+    ids = torch.tensor([list(range(0, 60))]) % 97
+    pc = PromptCompression(model, _CharTokenizer(), drop_fraction=0.5, protect_first=2, protect_last=10)
+    kept = pc.compress(ids)
+    n_comp = 60 - 2 - 10
+    assert 60 - kept.shape[1] >= int(0.5 * n_comp)
+    assert 60 - kept.shape[1] <= int(0.5 * n_comp) + 2  # whole words of 2 tokens
+    assert kept[0, :2].tolist() == [0, 1] and kept[0, -10:].tolist() == list(range(50, 60))
+    assert kept[0].tolist() == sorted(kept[0].tolist())  # order preserved
+    # the dropped words have the lowest total self-information
+    info = pc.self_information(ids)
+    words = {w: float(info[w : w + 2].sum()) for w in range(2, 50, 2)}
+    kept_set = set(kept[0].tolist())
+    dropped = [w for w in words if w not in kept_set]
+    survived = [w for w in words if w in kept_set]
+    assert max(words[w] for w in dropped) <= min(words[w] for w in survived)
+    result = pc.generate(ids, max_new_tokens=3, eos_token_id=[])
+    plain = LazyLLM(model, Schedule.keep_all("tiny-llama", 5)).generate(
+        kept, max_new_tokens=3, eos_token_id=[]
+    )
+    assert result.token_ids == plain.token_ids
+    assert result.prompt_tokens == 60
+    assert result.prompt_computed_fraction == pytest.approx(kept.shape[1] / 60)
