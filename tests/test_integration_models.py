@@ -68,3 +68,38 @@ def test_smollm2_survivors_match_eager_reference(smollm2: tuple[Any, Any]) -> No
     ref_logits, ref_positions, _ = reference_prefill(eager, ids[0].tolist(), list(schedule.percentiles))
     assert [p.tolist() for p in result.computed_positions] == ref_positions
     torch.testing.assert_close(result.logits[0], ref_logits, atol=1e-4, rtol=0)
+
+
+def test_smollm2_keep_all_generation_equals_transformers(smollm2: tuple[Any, Any]) -> None:
+    model, tokenizer = smollm2
+    ids = real_text_ids(tokenizer, 400)
+    engine = LazyLLM(model, Schedule.keep_all("smollm2-135m", 30), tokenizer=tokenizer)
+    result = engine.generate(ids, max_new_tokens=64, eos_token_id=[], return_logits=True)
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=64,
+            min_new_tokens=64,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    assert result.token_ids == out.sequences[0, 400:].tolist()
+    worst = max(float((a - b[0].float()).abs().max()) for a, b in zip(result.step_logits, out.logits))
+    assert worst < 1e-4
+
+
+def test_smollm2_pruned_generation_computes_each_pair_once(smollm2: tuple[Any, Any]) -> None:
+    model, tokenizer = smollm2
+    ids = real_text_ids(tokenizer, 400)
+    engine = LazyLLM(
+        model, Schedule.paper_style("smollm2-135m", 30), tokenizer=tokenizer, track_computation=True
+    )
+    result = engine.generate(ids, max_new_tokens=16, eos_token_id=[])
+    state = engine.last_state
+    assert state is not None and state.computed is not None
+    assert int(state.computed.max()) == 1
+    assert 0.7 < result.prompt_computed_fraction < 1.0
+    assert result.prompt_usage_per_layer[:15] == [1.0] * 15
+    assert result.prompt_usage_per_step == sorted(result.prompt_usage_per_step)

@@ -1,0 +1,141 @@
+"""Evaluation on real LongBench records with a tiny random model and SmolLM2's real tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import longbench_dir
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from lazyllm.models import prepare_packaged
+from lazyllm.schedule import Schedule
+from tuner import evaluate as evaluate_cli
+from tuner.evaluation import EvalConfig, Evaluator, build_examples, make_method, summarize, write_results
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer random Llama with SmolLM2's tokenizer and chat template, saved as a checkpoint folder."""
+    folder = tmp_path_factory.mktemp("tiny-smol")
+    tokenizer = AutoTokenizer.from_pretrained(prepare_packaged("smollm2-135m"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_folder: Path) -> tuple[Any, Any]:
+    from lazyllm.models import load_model
+
+    return load_model(str(tiny_folder), device="cpu")
+
+
+def config(**kw: Any) -> EvalConfig:
+    base: dict[str, Any] = dict(
+        task="qa", n_examples=1, max_prompt_tokens=256, max_new_tokens=4, data_dir=longbench_dir()
+    )
+    return EvalConfig(**{**base, **kw})
+
+
+def test_examples_follow_longbench_rules(loaded: tuple[Any, Any]) -> None:
+    _, tokenizer = loaded
+    examples = build_examples(
+        config(task="trec,samsum,hotpotqa", n_examples=2, max_new_tokens=None), tokenizer
+    )
+    assert [e.dataset for e in examples] == ["trec", "trec", "samsum", "samsum", "hotpotqa", "hotpotqa"]
+    for e in examples:
+        assert len(e.input_ids) <= 256
+    text = {e.dataset: tokenizer.decode(list(e.input_ids)) for e in examples}
+    assert "<|im_start|>" not in text["trec"] and "<|im_start|>" not in text["samsum"]  # no chat template
+    assert "<|im_start|>user" in text["hotpotqa"]
+    assert {e.dataset: e.stop_strings for e in examples}["samsum"] == ("\n",)
+    assert {e.dataset: e.max_new_tokens for e in examples} == {"trec": 64, "samsum": 128, "hotpotqa": 32}
+    with pytest.raises(ValueError, match="Unknown task 'nope'"):
+        build_examples(config(task="nope"), tokenizer)
+
+
+def test_keep_all_lazyllm_equals_baseline_and_cache_is_reused(
+    loaded: tuple[Any, Any], tmp_path: Path
+) -> None:
+    model, tokenizer = loaded
+    evaluator = Evaluator(model, tokenizer, config(), tmp_path, progress=False)
+    baseline = evaluator.baseline_results()
+    assert len(baseline) == 6  # one validation example per QA dataset
+    keep_all = Schedule.keep_all(str(tiny_path(model)), 4)
+    results, reason = evaluator.evaluate("lazyllm", make_method("lazyllm", model, tokenizer, keep_all))
+    assert reason is None
+    assert [r.prediction for r in results] == [b.prediction for b in baseline]
+    summary = summarize(results, baseline)
+    assert summary["accuracy_loss"] == 0.0 and summary["n_examples"] == 6
+    assert all(r.ttft_speedup > 0 and r.baseline_ttft_s > 0 for r in results)
+
+    # a second evaluator finds everything in the cache and never runs the baseline again
+    again = Evaluator(model, tokenizer, config(), tmp_path, progress=False)
+
+    def fail(*a: Any, **k: Any) -> Any:
+        raise AssertionError("baseline recomputed")
+
+    again.baseline_engine.generate = fail  # type: ignore[method-assign]
+    assert [b.prediction for b in again.baseline_results()] == [b.prediction for b in baseline]
+    # a different truncation is a different cache entry
+    other = Evaluator(model, tokenizer, config(max_prompt_tokens=128), tmp_path, progress=False)
+    assert other.cache.path != again.cache.path
+
+
+def tiny_path(model: Any) -> str:
+    return str(model.config.name_or_path)
+
+
+def test_early_stop_and_overwrite(loaded: tuple[Any, Any], tmp_path: Path) -> None:
+    model, tokenizer = loaded
+    evaluator = Evaluator(model, tokenizer, config(), tmp_path, progress=False)
+    schedule = Schedule.from_layers(tiny_path(model), 4, {1: 50})
+    results, reason = evaluator.evaluate(
+        "lazyllm",
+        make_method("lazyllm", model, tokenizer, schedule),
+        should_stop=lambda rs: "enough" if len(rs) >= 2 else None,
+    )
+    assert reason == "enough" and len(results) == 2
+    summary = summarize(results, evaluator.baseline_results())
+    assert summary["n_examples"] == 2 and set(summary["dataset_scores"]) == {
+        results[0].dataset,
+        results[1].dataset,
+    }
+    for _ in range(2):
+        write_results(results, summary, tmp_path / "out", "lazyllm")
+    lines = (tmp_path / "out" / "lazyllm.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["method"] == "lazyllm"
+
+
+def test_report_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schedule = Schedule.from_layers(str(tiny_folder), 4, {1: 50}).save(tmp_path / "s.json")
+    argv = [
+        "--model", str(tiny_folder), "--task", "qa", "--split", "test", "--schedule", str(schedule),
+        "--methods", "baseline,lazyllm,random,static,compression", "--n-examples", "1",
+        "--max-prompt-tokens", "200", "--max-new-tokens", "3", "--data-dir", longbench_dir(),
+        "--output", str(tmp_path / "report"),
+    ]  # fmt: skip
+    assert evaluate_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Table 1" in out and "Table 2" in out and "single-doc-qa (n=3)" in out and "multi-doc-qa (n=3)" in out
+    )
+    for name in ("report.md", "report.csv", "report.png", "lazyllm.jsonl", "static.summary.json"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    assert evaluate_cli.main([*argv[:-2], "--output", str(tmp_path / "report"), "--methods", "bogus"]) == 2
+    assert "Unknown method 'bogus'" in capsys.readouterr().err

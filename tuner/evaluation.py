@@ -1,0 +1,430 @@
+"""Evaluate generation methods on a LongBench task split: predictions, scores and paired speedups.
+
+How a method is scored on one example:
+
+1. The prompt is built with LongBench's template, cut in the middle to ``max_prompt_tokens`` tokens
+   (LongBench's rule) and, where LongBench does so for the dataset, wrapped in the chat template.
+2. The method generates greedily, up to LongBench's length for the dataset (optionally capped), with
+   LongBench's stop rule (samsum stops at a newline); the prediction is scored by the dataset's metric.
+3. **Paired timing**: right before or after the method (alternating per example, so neither always
+   runs first), the unpruned model's TTFT on the same prompt is measured afresh; the example's TTFT
+   speedup is that baseline TTFT over the method's. A task's speedup is the **median** of its
+   per-example ratios (robust to the odd example hit by background load).
+
+The unpruned baseline's predictions, scores and timings are cached on disk as JSON, keyed by model,
+data file digests, split, truncation, generation lengths and package version, so a second evaluation
+(or every trial of a study) reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+import lazyllm
+from lazyllm.baselines import PromptCompression, random_drop, static_pruning
+from lazyllm.engine import GenerationResult, LazyLLM
+from lazyllm.models import DEFAULT_MODEL
+from lazyllm.schedule import Schedule
+from tuner.longbench import (
+    DATASETS,
+    build_prompt,
+    data_dir,
+    load_prompt_config,
+    load_task,
+    max_new_tokens,
+    split_records,
+    truncate_middle,
+)
+from tuner.metrics import score_example, task_score
+
+METHODS = ("baseline", "lazyllm", "random", "static", "compression")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to evaluate on. Defaults fit this project's 2-core CPU; raise them on a GPU.
+
+    Args:
+        model: alias, checkpoint folder or hub id.
+        task: LongBench category, ``qa``, dataset name or comma list (see :func:`tuner.longbench.resolve_task`).
+        language: ``en``, ``zh`` or ``all``.
+        split: ``validation`` (search) or ``test`` (reports).
+        split_seed: seed of the hashed validation/test split.
+        n_examples: at most this many examples per dataset (the first of the split); None = all.
+        max_prompt_tokens: prompts longer than this are cut in the middle.
+        max_new_tokens: cap on LongBench's per-dataset generation length (None = LongBench's own).
+        data_dir: folder of LongBench ``<dataset>.jsonl`` files (None: env ``LONGBENCH_DIR``).
+    """
+
+    model: str = DEFAULT_MODEL
+    task: str = "qa"
+    language: str = "en"
+    split: str = "validation"
+    split_seed: int = 0
+    n_examples: int | None = None
+    max_prompt_tokens: int = 1536
+    max_new_tokens: int | None = None
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.split not in ("validation", "test"):
+            raise ValueError(f"split = {self.split!r}: must be 'validation' or 'test'")
+        if self.n_examples is not None and self.n_examples < 1:
+            raise ValueError(f"n_examples = {self.n_examples}: must be >= 1 (or None for all)")
+        if self.max_prompt_tokens < 16:
+            raise ValueError(f"max_prompt_tokens = {self.max_prompt_tokens}: must be >= 16")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens = {self.max_new_tokens}: must be >= 1 (or None)")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prepared prompt: token ids ``[N]`` plus what scoring and generation need."""
+
+    dataset: str
+    record_id: str
+    input_ids: tuple[int, ...]
+    answers: tuple[str, ...]
+    all_classes: tuple[str, ...] | None
+    max_new_tokens: int
+    stop_strings: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.record_id}"
+
+
+def _encode(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> list[int]:
+    """LongBench's order: cut the prompt text's tokens in the middle, then apply the chat template."""
+    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if chat:
+        budget = max_tokens - 32  # room for the template's own tokens
+        if len(ids) > budget:
+            text = tokenizer.decode(truncate_middle(ids, budget), skip_special_tokens=True)
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        return truncate_middle(list(out), max_tokens)
+    return truncate_middle(ids, max_tokens)
+
+
+def build_examples(config: EvalConfig, tokenizer: Any) -> list[Example]:
+    """Load, split, cut and encode the examples of ``config.task`` (datasets in task order)."""
+    folder = data_dir(config.data_dir)
+    records = load_task(config.task, config.language, folder)
+    prompts = load_prompt_config(folder)
+    has_chat = bool(getattr(tokenizer, "chat_template", None))
+    examples: list[Example] = []
+    for dataset, recs in records.items():
+        spec = DATASETS[dataset]
+        chosen = split_records(recs, config.split, seed=config.split_seed)  # type: ignore[arg-type]
+        if config.n_examples is not None:
+            chosen = chosen[: config.n_examples]
+        limit = max_new_tokens(prompts, dataset)
+        if config.max_new_tokens is not None:
+            limit = min(limit, config.max_new_tokens)
+        for rec in chosen:
+            ids = _encode(
+                tokenizer,
+                build_prompt(rec, prompts),
+                spec.chat_template and has_chat,
+                config.max_prompt_tokens,
+            )
+            examples.append(
+                Example(
+                    dataset=dataset,
+                    record_id=rec.id,
+                    input_ids=tuple(ids),
+                    answers=tuple(rec.answers),
+                    all_classes=tuple(rec.all_classes) if rec.all_classes else None,
+                    max_new_tokens=limit,
+                    stop_strings=("\n",) if spec.stop_at_newline else (),
+                )
+            )
+    if not examples:
+        raise ValueError(f"task {config.task!r} has no {config.split} examples in {folder}")
+    return examples
+
+
+def data_fingerprint(config: EvalConfig) -> str:
+    """Digest of the data files a task reads (size + mtime would miss an edited copy; hash contents)."""
+    folder = data_dir(config.data_dir)
+    h = hashlib.sha256()
+    for name in sorted(load_task(config.task, config.language, folder)):
+        h.update(name.encode())
+        h.update(hashlib.sha256((folder / f"{name}.jsonl").read_bytes()).digest())
+    for extra in ("dataset2prompt.json", "dataset2maxlen.json"):
+        path = folder / extra
+        h.update(path.read_bytes() if path.exists() else b"-")
+    return h.hexdigest()[:16]
+
+
+# Anything with LazyLLM's ``generate``: LazyLLM itself (also random drop and static pruning) and
+# prompt compression.
+Generator = LazyLLM | PromptCompression
+
+
+def make_method(
+    name: str, model: Any, tokenizer: Any, schedule: Schedule | None, *, seed: int = 0
+) -> Generator:
+    """A generator for method ``name``; the baselines are matched to ``schedule``'s compute.
+
+    random: the schedule's keep counts, random tokens. static: prunes once after 2 layers, keeping the
+    share that computes the same (token, layer) pairs as the schedule in the long-prompt limit.
+    compression: drops the same share of prompt tokens as the schedule skips overall.
+    """
+    layers = int(model.config.num_hidden_layers)
+    name_or_path = str(model.config.name_or_path)
+    if name not in METHODS:
+        raise ValueError(f"Unknown method {name!r}. Available: {', '.join(METHODS)}")
+    if name == "baseline":
+        return LazyLLM(model, Schedule.keep_all(name_or_path, layers), tokenizer=tokenizer)
+    if schedule is None:
+        raise ValueError(f"method {name!r} needs a schedule (--schedule)")
+    computed = sum(schedule.keep_fractions()) / layers
+    if name == "lazyllm":
+        return LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False)
+    if name == "random":
+        return random_drop(model, schedule, tokenizer=tokenizer, seed=seed)
+    if name == "static":
+        score_layers = 2
+        keep = min(1.0, max(0.01, (computed * layers - score_layers) / (layers - score_layers)))
+        return static_pruning(model, keep, score_layers=score_layers, tokenizer=tokenizer)
+    return PromptCompression(model, tokenizer, drop_fraction=min(0.95, max(0.0, 1.0 - computed)))
+
+
+@dataclass(frozen=True)
+class ExampleResult:
+    """One method on one example. ``ttft_speedup`` = paired baseline TTFT / this TTFT."""
+
+    dataset: str
+    record_id: str
+    method: str
+    prediction: str
+    score: float
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+    new_tokens: int
+    prompt_computed_fraction: float
+    baseline_ttft_s: float
+    ttft_speedup: float
+    total_speedup: float
+
+
+@dataclass
+class BaselineCache:
+    """Unpruned predictions and timings per example, as one JSON file per evaluation fingerprint."""
+
+    path: Path
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, cache_dir: Path, fingerprint: dict[str, Any]) -> BaselineCache:
+        key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:20]
+        path = cache_dir / f"baseline-{key}.json"
+        entries: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            try:
+                entries = json.loads(path.read_text())["entries"]
+            except (ValueError, KeyError, TypeError):
+                entries = {}  # a corrupt cache is recomputed, never trusted
+        return cls(path=path, entries=entries)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"entries": self.entries}, indent=1))
+        tmp.replace(self.path)
+
+
+def _score(example: Example, prediction: str) -> float:
+    spec = DATASETS[example.dataset]
+    classes = list(example.all_classes) if example.all_classes else None
+    return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
+
+
+def _run(generator: Generator, example: Example) -> GenerationResult:
+    return generator.generate(
+        torch.tensor(example.input_ids),
+        max_new_tokens=example.max_new_tokens,
+        stop_strings=example.stop_strings,
+    )
+
+
+class Evaluator:
+    """Holds a model, the prepared examples and the cached baseline; evaluates methods on them.
+
+    Args:
+        model, tokenizer: from :func:`lazyllm.load_model`.
+        config: the evaluation settings.
+        cache_dir: where baseline results are cached (JSON).
+        progress: show tqdm progress bars.
+    """
+
+    def __init__(
+        self, model: Any, tokenizer: Any, config: EvalConfig, cache_dir: str | Path, *, progress: bool = True
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.progress = progress
+        self.examples = build_examples(config, tokenizer)
+        self.baseline_engine = make_method("baseline", model, tokenizer, None)
+        fingerprint = {
+            **asdict(config),
+            "data_dir": None,
+            "data": data_fingerprint(config),
+            "lazyllm": lazyllm.__version__,
+            "torch": torch.__version__,
+            "device": str(next(model.parameters()).device),
+            "dtype": str(next(model.parameters()).dtype),
+        }
+        self.cache = BaselineCache.open(Path(cache_dir), fingerprint)
+
+    def baseline(self) -> dict[str, dict[str, Any]]:
+        """Unpruned prediction, score and timings per example key (computed once, then from the cache)."""
+        missing = [ex for ex in self.examples if ex.key not in self.cache.entries]
+        if missing:
+            _run(self.baseline_engine, missing[0])  # warm-up, not recorded
+        for ex in tqdm(missing, desc="baseline", disable=not self.progress or not missing):
+            result = _run(self.baseline_engine, ex)
+            prediction = result.text or ""
+            self.cache.entries[ex.key] = {
+                "prediction": prediction,
+                "score": _score(ex, prediction),
+                "ttft_s": result.ttft_s,
+                "total_s": result.total_s,
+                "new_tokens": len(result.token_ids),
+            }
+            self.cache.save()
+        return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
+
+    def baseline_ttft(self, example: Example) -> float:
+        """A fresh unpruned TTFT on ``example`` (prefill + first token)."""
+        return self.baseline_engine.generate(torch.tensor(example.input_ids), max_new_tokens=1).ttft_s
+
+    def evaluate(
+        self,
+        method: str,
+        generator: Generator,
+        *,
+        paired_timing: bool = True,
+        should_stop: Callable[[list[ExampleResult]], str | None] | None = None,
+        desc: str | None = None,
+    ) -> tuple[list[ExampleResult], str | None]:
+        """Run ``generator`` on every example (stopping early if ``should_stop`` returns a reason).
+
+        Returns the per-example results and the early-stop reason (None if it ran to the end).
+        """
+        base = self.baseline()
+        results: list[ExampleResult] = []
+        bar = tqdm(self.examples, desc=desc or method, disable=not self.progress, leave=False)
+        for i, ex in enumerate(bar):
+            if paired_timing and i % 2 == 0:
+                base_ttft = self.baseline_ttft(ex)
+            result = _run(generator, ex)
+            if paired_timing and i % 2 == 1:
+                base_ttft = self.baseline_ttft(ex)
+            if not paired_timing:
+                base_ttft = float(base[ex.key]["ttft_s"])
+            prediction = result.text or ""
+            results.append(
+                ExampleResult(
+                    dataset=ex.dataset,
+                    record_id=ex.record_id,
+                    method=method,
+                    prediction=prediction,
+                    score=_score(ex, prediction),
+                    ttft_s=result.ttft_s,
+                    total_s=result.total_s,
+                    prompt_tokens=result.prompt_tokens,
+                    new_tokens=len(result.token_ids),
+                    prompt_computed_fraction=result.prompt_computed_fraction,
+                    baseline_ttft_s=base_ttft,
+                    ttft_speedup=base_ttft / result.ttft_s,
+                    total_speedup=float(base[ex.key]["total_s"]) / result.total_s,
+                )
+            )
+            if should_stop is not None:
+                reason = should_stop(results)
+                if reason:
+                    return results, reason
+        return results, None
+
+    def baseline_results(self) -> list[ExampleResult]:
+        """The cached baseline as :class:`ExampleResult` rows (speedups 1 by definition)."""
+        base = self.baseline()
+        return [
+            ExampleResult(
+                dataset=ex.dataset,
+                record_id=ex.record_id,
+                method="baseline",
+                prediction=str(base[ex.key]["prediction"]),
+                score=float(base[ex.key]["score"]),
+                ttft_s=float(base[ex.key]["ttft_s"]),
+                total_s=float(base[ex.key]["total_s"]),
+                prompt_tokens=len(ex.input_ids),
+                new_tokens=int(base[ex.key]["new_tokens"]),
+                prompt_computed_fraction=1.0,
+                baseline_ttft_s=float(base[ex.key]["ttft_s"]),
+                ttft_speedup=1.0,
+                total_speedup=1.0,
+            )
+            for ex in self.examples
+        ]
+
+
+def dataset_scores(results: Sequence[ExampleResult]) -> dict[str, float]:
+    """LongBench score (100 x mean) per dataset."""
+    by: dict[str, list[float]] = {}
+    for r in results:
+        by.setdefault(r.dataset, []).append(r.score)
+    return {d: task_score(s) for d, s in by.items()}
+
+
+def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult]) -> dict[str, Any]:
+    """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples,
+    median paired TTFT / total speedups, mean share of prompt (token, layer) pairs computed."""
+    if not results:
+        raise ValueError("no results to summarize")
+    done = {(r.dataset, r.record_id) for r in results}
+    base = [b for b in baseline if (b.dataset, b.record_id) in done]
+    scores = dataset_scores(results)
+    base_scores = dataset_scores(base)
+    score = statistics.fmean(scores.values())
+    base_score = statistics.fmean(base_scores.values())
+    return {
+        "n_examples": len(results),
+        "score": score,
+        "baseline_score": base_score,
+        "accuracy_loss": base_score - score,
+        "dataset_scores": scores,
+        "baseline_dataset_scores": base_scores,
+        "ttft_speedup": statistics.median(r.ttft_speedup for r in results),
+        "total_speedup": statistics.median(r.total_speedup for r in results),
+        "prompt_computed_pct": 100 * statistics.fmean(r.prompt_computed_fraction for r in results),
+    }
+
+
+def write_results(
+    results: Sequence[ExampleResult], summary: dict[str, Any], out_dir: Path, name: str
+) -> None:
+    """``<name>.jsonl`` (one line per example) and ``<name>.summary.json``; reruns overwrite."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path, text in (
+        (out_dir / f"{name}.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in results)),
+        (out_dir / f"{name}.summary.json", json.dumps(summary, indent=2) + "\n"),
+    ):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
