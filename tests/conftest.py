@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,3 +88,28 @@ def gemma3() -> tuple[Any, Any]:
 def longbench_dir() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     return os.environ.get("LONGBENCH_DIR") or os.path.join(here, "..", "..", "shared", "data", "longbench")
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer random Llama with SmolLM2's tokenizer and chat template, saved as a checkpoint folder."""
+    folder = tmp_path_factory.mktemp("tiny-smol")
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from lazyllm.models import prepare_packaged
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_packaged("smollm2-135m"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -7,35 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from conftest import longbench_dir
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from lazyllm.models import prepare_packaged
 from lazyllm.schedule import Schedule
 from tuner import evaluate as evaluate_cli
 from tuner.evaluation import EvalConfig, Evaluator, build_examples, make_method, summarize, write_results
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 4-layer random Llama with SmolLM2's tokenizer and chat template, saved as a checkpoint folder."""
-    folder = tmp_path_factory.mktemp("tiny-smol")
-    tokenizer = AutoTokenizer.from_pretrained(prepare_packaged("smollm2-135m"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,150 @@
+"""tuner.search end to end on a tiny model with real LongBench records; settings; early-stop logic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from conftest import longbench_dir
+
+from lazyllm.schedule import Schedule
+from tuner.evaluation import ExampleResult
+from tuner.search import main, settings_from_args
+from tuner.settings import SearchSettings, resolve_settings
+from tuner.study import StudyRunner, optimistic_loss
+
+
+def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--model", str(folder), "--task", "hotpotqa,trec", "--n-examples", "1", "--max-prompt-tokens", "128",
+        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(out), "--study-name", "s",
+        "--sampler", "random", *extra,
+    ]  # fmt: skip
+
+
+def test_study_end_to_end_and_resume(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "2")) == 0
+    out = capsys.readouterr().out
+    assert "Pareto front" in out and "Held-out check" in out
+    study_dir = tmp_path / "s"
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
+    trials = study.get_trials()
+    assert len(trials) == 2 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert trials[0].params == {"n_stages": 0}  # warm start: keep-all first, then paper-style
+    assert trials[1].params["n_stages"] > 0
+    for t in trials:
+        assert {"flop_speedup", "prompt_computed_pct", "dataset_scores", "wall_time_s", "percentiles"} <= set(
+            t.user_attrs
+        )
+        assert set(t.user_attrs["dataset_scores"]) == {"hotpotqa", "trec"}
+        assert list(t.constraints) == ["accuracy_loss"]
+    # keep-all loses nothing: its predictions are the baseline's
+    assert trials[0].values[1] == 0.0 and trials[0].user_attrs["prompt_computed_pct"] == 100.0
+    recommended = Schedule.load(study_dir / "recommended.json")
+    recommended.check_model(str(tiny_folder), 4)
+    assert recommended.metadata["study"] == "s" and recommended.metadata["split"] == "validation"
+    front = json.loads((study_dir / "pareto.json").read_text())
+    assert front and all((study_dir / row["file"]).exists() for row in front)
+    for name in ("pareto.png", "pareto.html", "keep_curves.png", "pareto.csv", "heldout.json"):
+        assert (study_dir / name).stat().st_size > 0
+    heldout = json.loads((study_dir / "heldout.json").read_text())
+    assert [r["schedule"].split(" ")[0] for r in heldout["rows"]] == ["recommended", "best"]
+
+    # the same command with a larger count adds trials; nothing finished is redone
+    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout")) == 0
+    again = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}").get_trials()
+    assert len(again) == 3 and [t.params for t in again[:2]] == [t.params for t in trials]
+    # the same count again: nothing to do
+    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout")) == 0
+    assert (
+        len(optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}").get_trials())
+        == 3
+    )
+    # other settings under the same name are refused
+    capsys.readouterr()
+    assert main([*_argv(tiny_folder, tmp_path, "--n-trials", "3"), "--max-prompt-tokens", "64"]) == 2
+    assert "made with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--sampler", "bogus"], "invalid choice"),
+        (["--search-space", "bogus"], "Unknown search space 'bogus'"),
+        (["--task", "bogus"], "Unknown task 'bogus'"),
+        (["--n-trials", "0"], "n_trials = 0"),
+        (["--preset", "bogus"], "Unknown preset 'bogus'"),
+    ],
+)
+def test_bad_inputs_fail_fast(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], fragment: str
+) -> None:
+    argv = [*_argv(tiny_folder, tmp_path), *flags]
+    if "invalid choice" in fragment:
+        with pytest.raises(SystemExit):
+            main(argv)
+    else:
+        assert main(argv) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_settings_precedence(tmp_path: Path) -> None:
+    preset = tmp_path / "p.yaml"
+    preset.write_text("n_trials: 5\nsampler: nsga2\nmax_prompt_tokens: 512\n")
+    s = settings_from_args(["--preset", str(preset), "--n-trials", "7"])
+    assert (s.n_trials, s.sampler, s.max_prompt_tokens, s.task) == (7, "nsga2", 512, SearchSettings().task)
+    assert resolve_settings("qa", {}).task == "qa"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("n_trails: 5\n")
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['n_trails'\]"):
+        resolve_settings(str(bad), {})
+    with pytest.raises(ValueError, match="study_name"):
+        SearchSettings(study_name="../escape")
+    s = SearchSettings(model="smollm2-135m", task="qa", search_space="stages", output=str(tmp_path))
+    assert s.name == "smollm2-135m-qa-stages" and s.storage_url.endswith("smollm2-135m-qa-stages/study.db")
+
+
+def _result(dataset: str, score: float) -> ExampleResult:
+    return ExampleResult(dataset, "id", "lazyllm", "", score, 1.0, 1.0, 10, 1, 1.0, 1.0, 1.0, 1.0)
+
+
+def test_optimistic_loss_bound() -> None:
+    baseline = {"a": 50.0, "b": 100.0}  # macro 75
+    counts = {"a": 2, "b": 2}
+    # nothing run yet: the best case is a perfect 100 -> loss -25
+    assert optimistic_loss([], baseline, counts) == pytest.approx(-25.0)
+    # a: 0 and 0 (done) -> 0; b: unknown -> 100 => macro 50, loss >= 25
+    assert optimistic_loss([_result("a", 0.0), _result("a", 0.0)], baseline, counts) == pytest.approx(25.0)
+    # b: one 0, one still open -> 50; a open -> 100 => macro 75, loss >= 0
+    assert optimistic_loss([_result("b", 0.0)], baseline, counts) == pytest.approx(0.0)
+
+
+def test_early_stop_rule_and_pruned_trials(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = SimpleNamespace(
+        baseline_scores={"a": 50.0, "b": 100.0},
+        counts={"a": 2, "b": 2},
+        settings=SimpleNamespace(max_accuracy_loss=10.0),
+    )
+    assert StudyRunner.early_stop(runner, [_result("b", 0.0)]) is None  # type: ignore[arg-type]
+    reason = StudyRunner.early_stop(runner, [_result("a", 0.0), _result("a", 0.0)])  # type: ignore[arg-type]
+    assert reason is not None and "accuracy loss >= 25.00 after 2 examples" in reason
+
+    # a trial whose early-stop rule fires is recorded as PRUNED, with the reason and how far it got
+    monkeypatch.setattr(
+        StudyRunner, "early_stop", lambda self, results: "out of budget" if len(results) >= 1 else None
+    )
+    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout")) == 0
+    trials = optuna.load_study(
+        study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"
+    ).get_trials()
+    assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
+    assert (
+        trials[0].user_attrs["stopped_early"] == "out of budget" and trials[0].user_attrs["examples_run"] == 1
+    )

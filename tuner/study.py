@@ -1,0 +1,219 @@
+"""One Optuna study: maximise TTFT speedup, minimise accuracy loss, over a search space of schedules.
+
+* Objectives: ``(speedup, accuracy_loss)`` with ``directions=["maximize", "minimize"]``. Speedup is
+  the median paired TTFT speedup on the validation examples (``speedup="measured"``) or the FLOP
+  model's (``"flops"``, deterministic; measured TTFT is still recorded). Accuracy loss is the baseline
+  score minus the schedule's, LongBench metric, macro-averaged over the task's datasets.
+* ``max_accuracy_loss`` is an Optuna constraint (``trial.set_constraint``; feasible when loss <= budget).
+  A trial stops early, as PRUNED with the reason in its user attrs, once its loss cannot meet the
+  budget even if every remaining example scored perfectly.
+* Warm start: keep-all and a paper-style progressive schedule are enqueued when the study is new.
+* Resume: the same study name and storage continue the study until it holds ``n_trials`` finished
+  trials; the baseline comes from the on-disk cache.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+import lazyllm
+from lazyllm.engine import LazyLLM
+from lazyllm.flops import ModelDims, flop_speedup
+from lazyllm.schedule import Schedule
+from tuner.evaluation import Evaluator, ExampleResult, summarize
+from tuner.settings import SearchSettings
+from tuner.spaces import SearchSpace
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    """The trial met the accuracy-loss budget (its Optuna constraint ``loss - budget`` is <= 0)."""
+    return bool(trial.constraints) and all(c <= 0 for c in trial.constraints.values())
+
+
+def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSampler:
+    """The sampler by name; startup (random) trials scale with the study size.
+
+    All of them honour the accuracy-loss constraint set with ``trial.set_constraint`` (Optuna >= 5).
+    """
+    startup = max(4, min(10, n_trials // 3))
+    if name == "tpe":
+        with warnings.catch_warnings():  # `group` (needed for define-by-run stages) is experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, n_startup_trials=startup
+            )
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"Unknown sampler {name!r}. Available: tpe, gp, nsga2, random")
+
+
+def optimistic_loss(
+    results: Sequence[ExampleResult], baseline_scores: dict[str, float], counts: dict[str, int]
+) -> float:
+    """Lowest accuracy loss still reachable if every example not yet run scored 1 (the maximum).
+
+    Args:
+        results: the examples run so far.
+        baseline_scores: the baseline's LongBench score (0-100) per dataset, on all the examples.
+        counts: number of examples per dataset.
+    """
+    done: dict[str, list[float]] = {}
+    for r in results:
+        done.setdefault(r.dataset, []).append(r.score)
+    best = []
+    for dataset, n in counts.items():
+        got = done.get(dataset, [])
+        best.append(100.0 * (sum(got) + (n - len(got))) / n)
+    return statistics.fmean(baseline_scores.values()) - statistics.fmean(best)
+
+
+@dataclass
+class StudyRunner:
+    """Runs the trials of one study (one per process; no state shared between trials but the cache)."""
+
+    settings: SearchSettings
+    model: Any
+    tokenizer: Any
+    evaluator: Evaluator
+    space: SearchSpace
+
+    def __post_init__(self) -> None:
+        self.num_layers = int(self.model.config.num_hidden_layers)
+        self.dims = ModelDims.from_config(self.model.config)
+        self.prompt_tokens = round(statistics.fmean(len(e.input_ids) for e in self.evaluator.examples))
+        baseline = self.evaluator.baseline_results()
+        self.baseline = baseline
+        by: dict[str, list[float]] = {}
+        for b in baseline:
+            by.setdefault(b.dataset, []).append(b.score)
+        self.baseline_scores = {d: 100.0 * statistics.fmean(s) for d, s in by.items()}
+        self.counts = {d: len(s) for d, s in by.items()}
+
+    def early_stop(self, results: list[ExampleResult]) -> str | None:
+        bound = optimistic_loss(results, self.baseline_scores, self.counts)
+        if bound > self.settings.max_accuracy_loss:
+            return (
+                f"accuracy loss >= {bound:.2f} after {len(results)} examples even if the rest scored "
+                f"perfectly (budget {self.settings.max_accuracy_loss})"
+            )
+        return None
+
+    def objective(self, trial: optuna.Trial) -> tuple[float, float]:
+        start = time.perf_counter()
+        schedule = self.space.suggest(trial, self.settings.model, self.num_layers)
+        flops = flop_speedup(schedule, self.dims, self.prompt_tokens)
+        trial.set_user_attr("percentiles", list(schedule.percentiles))
+        trial.set_user_attr("flop_speedup", flops)
+        engine = LazyLLM(self.model, schedule, tokenizer=self.tokenizer, strict_model_name=False)
+        results, reason = self.evaluator.evaluate(
+            "lazyllm",
+            engine,
+            paired_timing=self.settings.speedup == "measured",
+            should_stop=self.early_stop,
+            desc=f"trial {trial.number}",
+        )
+        trial.set_user_attr("wall_time_s", time.perf_counter() - start)
+        trial.set_user_attr("examples_run", len(results))
+        if reason:
+            trial.set_user_attr("stopped_early", reason)
+            raise optuna.TrialPruned(reason)
+        summary = summarize(results, self.baseline)
+        loss = float(summary["accuracy_loss"])
+        measured = float(summary["ttft_speedup"])
+        trial.set_user_attr("measured_ttft_speedup", measured)
+        trial.set_user_attr("total_speedup", float(summary["total_speedup"]))
+        trial.set_user_attr("prompt_computed_pct", float(summary["prompt_computed_pct"]))
+        trial.set_user_attr("score", float(summary["score"]))
+        trial.set_user_attr("baseline_score", float(summary["baseline_score"]))
+        trial.set_user_attr("dataset_scores", summary["dataset_scores"])
+        trial.set_constraint("accuracy_loss", loss - self.settings.max_accuracy_loss)  # read by the samplers
+        speedup = measured if self.settings.speedup == "measured" else flops
+        return speedup, loss
+
+
+def open_study(settings: SearchSettings, num_layers: int) -> optuna.Study:
+    """Create or load the study; a study made with other settings is an error, not silently mixed."""
+    study = optuna.create_study(
+        study_name=settings.name,
+        storage=settings.storage_url,
+        directions=["maximize", "minimize"],
+        sampler=make_sampler(settings.sampler, settings.seed, settings.n_trials),
+        load_if_exists=True,
+    )
+    identity = settings.study_identity()
+    stored = study.user_attrs.get("identity")
+    if stored is None:
+        study.set_user_attr("identity", identity)
+        study.set_user_attr("num_layers", num_layers)
+        study.set_user_attr("lazyllm_version", lazyllm.__version__)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["ttft_speedup", "accuracy_loss"])
+    elif stored != identity:
+        diff = {k: (stored.get(k), v) for k, v in identity.items() if stored.get(k) != v}
+        raise ValueError(
+            f"study {settings.name!r} in {settings.storage_url} was made with other settings {diff} "
+            "(stored, given); use another --study-name or the same settings"
+        )
+    return study
+
+
+def warm_start(study: optuna.Study, space: SearchSpace, num_layers: int) -> None:
+    """Enqueue keep-all and a paper-style schedule, once per study."""
+    if study.user_attrs.get("warm_started"):
+        return
+    for params in space.warm_start(num_layers):
+        study.enqueue_trial(params, skip_if_exists=True)
+    study.set_user_attr("warm_started", True)
+
+
+def finished_trials(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def schedule_of(trial: FrozenTrial, model: str) -> Schedule:
+    """The schedule a finished trial evaluated (from its user attrs)."""
+    return Schedule(model=model, percentiles=tuple(trial.user_attrs["percentiles"]))
+
+
+def pareto_trials(study: optuna.Study, feasible_only: bool = False) -> list[FrozenTrial]:
+    """Non-dominated complete trials (speedup up, loss down), sorted by speedup descending."""
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
+    if feasible_only:
+        trials = [t for t in trials if is_feasible(t)]
+    front = [
+        t
+        for t in trials
+        if not any(
+            o.values[0] >= t.values[0] and o.values[1] <= t.values[1] and tuple(o.values) != tuple(t.values)
+            for o in trials
+        )
+    ]
+    return sorted(front, key=lambda t: (-t.values[0], t.values[1], t.number))
+
+
+def recommended_trial(study: optuna.Study, max_accuracy_loss: float) -> FrozenTrial | None:
+    """The fastest complete trial whose accuracy loss is within the budget."""
+    ok = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.values and t.values[1] <= max_accuracy_loss
+    ]
+    return max(ok, key=lambda t: (t.values[0], -t.values[1], -t.number), default=None)
+
+
+ProgressFn = Callable[[optuna.Study, FrozenTrial], None]
