@@ -281,6 +281,30 @@ class Schedule:
         return cls.from_dict(data)
 
     @classmethod
+    def from_mlflow(cls, run: str, tracking_uri: str | None = None) -> Schedule:
+        """Load the ``schedule.json`` artifact of an MLflow run (a run id or ``runs:/<id>/schedule.json``).
+
+        Needs the ``mlflow`` package, imported here only (the engine itself never imports it).
+        ``tracking_uri`` defaults to MLflow's own (``$MLFLOW_TRACKING_URI``).
+        """
+        try:
+            import mlflow
+        except ImportError:
+            raise ValueError("Schedule.from_mlflow needs the mlflow package: pip install mlflow") from None
+        import tempfile
+
+        uri = run if run.startswith("runs:/") else f"runs:/{run}/schedule.json"
+        with tempfile.TemporaryDirectory(prefix="lazyllm-schedule-") as tmp:
+            try:
+                path = mlflow.artifacts.download_artifacts(
+                    artifact_uri=uri, dst_path=tmp, tracking_uri=tracking_uri
+                )
+            except Exception as exc:  # MLflow raises several types for a missing run or artifact
+                first = (str(exc).splitlines() or [type(exc).__name__])[0]
+                raise ValueError(f"cannot download {uri} from MLflow: {first}") from None
+            return cls.load(path)
+
+    @classmethod
     def load(cls, path: str | Path) -> Schedule:
         """Read a schedule JSON file; every problem is a one-line ``ValueError`` naming the file."""
         path = Path(path)

@@ -33,7 +33,16 @@ from tuner.evaluation import EvalConfig, Evaluator, make_method, summarize
 from tuner.results import export_study
 from tuner.settings import SAMPLERS, SPEEDUP_MODES, SearchSettings, resolve_settings
 from tuner.spaces import list_spaces, load_space
-from tuner.study import FINISHED, StudyRunner, finished_trials, open_study, pareto_trials, warm_start
+from tuner.study import (
+    FINISHED,
+    StudyRunner,
+    finished_trials,
+    open_study,
+    pareto_trials,
+    study_lock,
+    warm_start,
+)
+from tuner.tracking import Tracker, check_reachable, default_tracking_uri, wanted
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("output")
     g.add_argument("--output", help=f"results root (default: {d.output})")
-    g.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite file in the study folder)")
+    g.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: sqlite file in the study folder; 'none' = off)",
+    )
     return p
 
 
@@ -219,9 +231,14 @@ def heldout_check(
 def run(settings: SearchSettings) -> int:
     _check_output(settings)
     space = load_space(settings.search_space)
+    tracking_uri = settings.tracking_uri or default_tracking_uri(settings)
+    if wanted(settings):
+        check_reachable(tracking_uri)  # before any model load or trial
     model, tokenizer = load_model(settings.model)
     layers = int(model.config.num_hidden_layers)
-    study = open_study(settings, layers)  # fails fast on an unreachable storage or a mismatched study
+    with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
+        study = open_study(settings, layers)  # fails fast on an unreachable storage or a mismatched study
+        tracker = Tracker(tracking_uri, settings, study) if wanted(settings) else None
     evaluator = Evaluator(
         model, tokenizer, _eval_config(settings, "validation"), settings.study_dir / "cache"
     )
@@ -241,7 +258,9 @@ def run(settings: SearchSettings) -> int:
             callbacks=[
                 MaxTrialsCallback(settings.n_trials, states=FINISHED),
                 Progress(settings.n_trials, settings.timeout),
+                *([tracker.callback] if tracker else []),
             ],
+            catch=(RuntimeError,),  # a crashed trial is marked FAILED (and logged); the study goes on
         )
     exported = export_study(study, settings.study_dir, settings.max_accuracy_loss)
     print(f"\nPareto front ({len(exported['front'])} trials; speedup = {settings.speedup}):")
@@ -257,6 +276,17 @@ def run(settings: SearchSettings) -> int:
             print(f"  {r['schedule']}: validation {r['validation_speedup']:.2f}x / loss {r['validation_loss']:.2f} "
                   f"(n={r['n_validation']}); test {r['test_speedup']:.2f}x / loss {r['test_loss']:.2f} "
                   f"(score {r['test_score']:.2f} vs {r['test_baseline_score']:.2f}, n={r['n_test']})")  # fmt: skip
+    if tracker is not None:
+        d = settings.study_dir
+        files = [d / n for n in ("pareto.json", "pareto.csv", "pareto.png", "pareto.html", "keep_curves.png",
+                                 "keep_curves.html", "recommended.json", "heldout.json", "pareto")]  # fmt: skip
+        best = exported["front"][0] if exported["front"] else None
+        headline = (
+            {"best_speedup": best["speedup"], "best_speedup_loss": best["accuracy_loss"]} if best else {}
+        )
+        headline["n_trials"] = float(finished_trials(study))
+        tracker.log_study(files, headline)
+        print(f"MLflow: parent run {tracker.parent_id} at {tracking_uri}")
     print(f"\nresults: {settings.study_dir}/ (recommended.json, pareto/, pareto.png, keep_curves.png)")
     if exported["recommended"]:
         print(f"load it: Schedule.load({str(exported['recommended'])!r})")

@@ -14,11 +14,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -104,6 +107,8 @@ class StudyRunner:
         self.counts = {d: len(s) for d, s in by.items()}
 
     def early_stop(self, results: list[ExampleResult]) -> str | None:
+        if len(results) >= sum(self.counts.values()):
+            return None  # all examples ran: a complete (possibly infeasible) trial, not a pruned one
         bound = optimistic_loss(results, self.baseline_scores, self.counts)
         if bound > self.settings.max_accuracy_loss:
             return (
@@ -145,11 +150,42 @@ class StudyRunner:
         return speedup, loss
 
 
+@contextmanager
+def study_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder/.lock`` (POSIX ``flock``) for this machine's workers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".lock").open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def make_storage(url: str) -> optuna.storages.BaseStorage:
+    """An RDB storage for ``url``; SQLite waits up to 60 s for a lock instead of failing at once, so
+    a few local workers can share one file (use PostgreSQL for many workers or machines)."""
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except Exception as exc:  # SQLAlchemy/driver errors of many types: one clear line instead
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            # two workers creating the schema at once: the loser sees the winner's tables on retry
+            if ("IntegrityError" in first or "already exists" in first) and attempt < 2:
+                time.sleep(1.0 + attempt)
+                continue
+            raise ValueError(f"cannot open Optuna storage {url}: {first}") from None
+    raise AssertionError("unreachable")
+
+
 def open_study(settings: SearchSettings, num_layers: int) -> optuna.Study:
     """Create or load the study; a study made with other settings is an error, not silently mixed."""
     study = optuna.create_study(
         study_name=settings.name,
-        storage=settings.storage_url,
+        storage=make_storage(settings.storage_url),
         directions=["maximize", "minimize"],
         sampler=make_sampler(settings.sampler, settings.seed, settings.n_trials),
         load_if_exists=True,
