@@ -19,10 +19,10 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial
 from tqdm.auto import tqdm
 
@@ -34,7 +34,6 @@ from tuner.results import export_study
 from tuner.settings import SAMPLERS, SPEEDUP_MODES, SearchSettings, resolve_settings
 from tuner.spaces import list_spaces, load_space
 from tuner.study import (
-    FINISHED,
     StudyRunner,
     finished_trials,
     open_study,
@@ -43,6 +42,7 @@ from tuner.study import (
     warm_start,
 )
 from tuner.tracking import Tracker, check_reachable, default_tracking_uri, wanted
+from tuner.workers import run_trials, worker_device, worker_threads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--study-name", help="default: <model>-<task>-<search space>")
     g.add_argument("--storage", help="Optuna storage URL (default: sqlite file in the study folder)")
     g.add_argument("--sampler", choices=SAMPLERS, help=f"(default: {d.sampler})")
+    g.add_argument(
+        "--n-workers", type=int, help=f"local worker processes on this study (default: {d.n_workers})"
+    )
     g.add_argument("--seed", type=int, help=f"sampler seed (default: {d.seed})")
     g.add_argument(
         "--max-accuracy-loss",
@@ -228,40 +231,78 @@ def heldout_check(
     return {"hand_made_validation": hand, "best_hand_made": best_hand, "rows": rows}
 
 
-def run(settings: SearchSettings) -> int:
-    _check_output(settings)
+@dataclass
+class Session:
+    """What one process needs to run trials: model, study, tracker, evaluator and the trial runner."""
+
+    model: Any
+    tokenizer: Any
+    study: optuna.Study
+    tracker: Tracker | None
+    evaluator: Evaluator
+    runner: StudyRunner
+    tracking_uri: str
+
+    def callbacks(self, settings: SearchSettings) -> list[Any]:
+        return [
+            Progress(settings.n_trials, settings.timeout),
+            *([self.tracker.callback] if self.tracker else []),
+        ]
+
+
+def open_session(settings: SearchSettings, *, device: str | None = None, progress: bool = True) -> Session:
     space = load_space(settings.search_space)
     tracking_uri = settings.tracking_uri or default_tracking_uri(settings)
-    if wanted(settings):
-        check_reachable(tracking_uri)  # before any model load or trial
-    model, tokenizer = load_model(settings.model)
+    model, tokenizer = load_model(settings.model, device=device)
     layers = int(model.config.num_hidden_layers)
     with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
         study = open_study(settings, layers)  # fails fast on an unreachable storage or a mismatched study
         tracker = Tracker(tracking_uri, settings, study) if wanted(settings) else None
+        warm_start(study, space, layers)
     evaluator = Evaluator(
-        model, tokenizer, _eval_config(settings, "validation"), settings.study_dir / "cache"
+        model,
+        tokenizer,
+        _eval_config(settings, "validation"),
+        settings.study_dir / "cache",
+        progress=progress,
     )
+    runner = StudyRunner(settings, model, tokenizer, evaluator, space)  # computes / loads the baseline
+    return Session(model, tokenizer, study, tracker, evaluator, runner, tracking_uri)
+
+
+def _worker(settings: SearchSettings, worker_id: int) -> str:
+    """Entry point of a local worker process (``--n-workers``)."""
+    import torch
+
+    torch.set_num_threads(worker_threads(settings.n_workers))
+    session = open_session(settings, device=worker_device(worker_id), progress=False)
+    return run_trials(settings, session.study, session.runner.objective, session.callbacks(settings))
+
+
+def run(settings: SearchSettings) -> int:
+    _check_output(settings)
+    load_space(settings.search_space)  # an unknown space fails before anything loads
+    if wanted(settings):
+        check_reachable(settings.tracking_uri or default_tracking_uri(settings))  # before any trial
+    session = open_session(settings)
+    study, tracker, evaluator = session.study, session.tracker, session.evaluator
+    model, tokenizer, tracking_uri = session.model, session.tokenizer, session.tracking_uri
     print(
         f"study {settings.name}: {len(evaluator.examples)} validation examples of {settings.task}, "
-        f"storage {settings.storage_url}, {finished_trials(study)}/{settings.n_trials} trials finished"
+        f"storage {settings.storage_url}, {finished_trials(study)}/{settings.n_trials} trials finished, "
+        f"{settings.n_workers} worker(s)"
     )
-    warm_start(study, space, layers)
-    runner = StudyRunner(settings, model, tokenizer, evaluator, space)
-    remaining = settings.n_trials - finished_trials(study)
-    if remaining > 0:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study.optimize(
-            runner.objective,
-            n_trials=remaining,
-            timeout=settings.timeout,
-            callbacks=[
-                MaxTrialsCallback(settings.n_trials, states=FINISHED),
-                Progress(settings.n_trials, settings.timeout),
-                *([tracker.callback] if tracker else []),
-            ],
-            catch=(RuntimeError,),  # a crashed trial is marked FAILED (and logged); the study goes on
-        )
+    if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
+        from joblib import Parallel, delayed
+        from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+        try:
+            Parallel(n_jobs=settings.n_workers, backend="loky")(
+                delayed(_worker)(settings, i) for i in range(settings.n_workers)
+            )
+        except TerminatedWorkerError as exc:
+            print(f"a worker died ({str(exc).splitlines()[0]}); finishing the study here", file=sys.stderr)
+    run_trials(settings, study, session.runner.objective, session.callbacks(settings))
     exported = export_study(study, settings.study_dir, settings.max_accuracy_loss)
     print(f"\nPareto front ({len(exported['front'])} trials; speedup = {settings.speedup}):")
     for row in exported["front"]:

@@ -48,6 +48,9 @@ class SearchSettings:
     split_seed: int = 0
     heldout: bool = True
     tracking_uri: str | None = None
+    n_workers: int = 1
+    heartbeat_interval: int = 10
+    heartbeat_grace: int = 60
 
     def __post_init__(self) -> None:
         if self.n_trials < 1:
@@ -67,6 +70,13 @@ class SearchSettings:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(
                 f"max_new_tokens = {self.max_new_tokens}: must be >= 1 (or null for LongBench's)"
+            )
+        if self.n_workers < 1:
+            raise ValueError(f"n_workers = {self.n_workers}: must be >= 1")
+        if self.heartbeat_interval < 1 or self.heartbeat_grace <= self.heartbeat_interval:
+            raise ValueError(
+                f"heartbeat_interval = {self.heartbeat_interval}, heartbeat_grace = {self.heartbeat_grace}: "
+                "need interval >= 1 and grace > interval (seconds)"
             )
         if self.language not in ("en", "zh", "all"):
             raise ValueError(f"language = {self.language!r}: must be en, zh or all")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.storages import RetryFailedTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
@@ -34,6 +35,7 @@ from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator, ExampleResult, summarize
 from tuner.settings import SearchSettings
 from tuner.spaces import SearchSpace
+from tuner.workers import SurplusTrial, is_surplus
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -118,6 +120,9 @@ class StudyRunner:
         return None
 
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
+        if is_surplus(trial.study, trial.number, self.settings.n_trials):
+            trial.set_user_attr("surplus", True)
+            raise SurplusTrial(f"trial {trial.number}: the study already has {self.settings.n_trials} trials")
         start = time.perf_counter()
         schedule = self.space.suggest(trial, self.settings.model, self.num_layers)
         flops = flop_speedup(schedule, self.dims, self.prompt_tokens)
@@ -162,7 +167,9 @@ def study_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def make_storage(url: str) -> optuna.storages.BaseStorage:
+def make_storage(
+    url: str, heartbeat_interval: int | None = None, grace: int | None = None
+) -> optuna.storages.BaseStorage:
     """An RDB storage for ``url``; SQLite waits up to 60 s for a lock instead of failing at once, so
     a few local workers can share one file (use PostgreSQL for many workers or machines)."""
     engine_kwargs: dict[str, Any] = {}
@@ -170,7 +177,18 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
         engine_kwargs["connect_args"] = {"timeout": 60}
     for attempt in range(3):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            with warnings.catch_warnings():  # heartbeat_interval / grace_period are marked experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=heartbeat_interval,
+                    grace_period=grace,
+                    # a trial whose worker died (stale heartbeat) is FAILED and re-enqueued, up to 3 times
+                    heartbeat_stale_trial_callback=RetryFailedTrialCallback(max_retry=3)
+                    if heartbeat_interval
+                    else None,
+                )
         except Exception as exc:  # SQLAlchemy/driver errors of many types: one clear line instead
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             # two workers creating the schema at once: the loser sees the winner's tables on retry
@@ -185,7 +203,7 @@ def open_study(settings: SearchSettings, num_layers: int) -> optuna.Study:
     """Create or load the study; a study made with other settings is an error, not silently mixed."""
     study = optuna.create_study(
         study_name=settings.name,
-        storage=make_storage(settings.storage_url),
+        storage=make_storage(settings.storage_url, settings.heartbeat_interval, settings.heartbeat_grace),
         directions=["maximize", "minimize"],
         sampler=make_sampler(settings.sampler, settings.seed, settings.n_trials),
         load_if_exists=True,

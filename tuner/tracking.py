@@ -222,8 +222,9 @@ class Tracker:
         return run_id
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        """Optuna callback: log each finished trial."""
-        self.log_trial(trial)
+        """Optuna callback: log each finished trial (not the surplus ones, which never ran)."""
+        if not trial.user_attrs.get("surplus"):
+            self.log_trial(trial)
 
     def log_study(self, files: list[Path], metrics: dict[str, float]) -> None:
         """Attach the study's exported files and headline metrics to the parent run."""
