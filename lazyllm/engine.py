@@ -32,6 +32,7 @@ The model is never modified: its attention implementation is switched to the ``"
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +181,25 @@ class LazyLLM:
         if ids.shape[1] == 0:
             raise ValueError("input_ids is empty; give at least one token")
         return ids
+
+    def _fit_context(self, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Cut a prompt that would not fit the model's context in the middle (LongBench's rule), with
+        a warning: keep the first and last halves of ``max_position_embeddings - max_new_tokens``."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if not limit or ids.shape[1] + max_new_tokens <= limit:
+            return ids
+        keep = limit - max_new_tokens
+        if keep < 2:
+            raise ValueError(
+                f"max_new_tokens = {max_new_tokens} leaves no room for a prompt in a {limit}-token context"
+            )
+        warnings.warn(
+            f"prompt of {ids.shape[1]} tokens + {max_new_tokens} new exceeds the model's {limit}-token context; "
+            f"cut in the middle to {keep} tokens",
+            stacklevel=3,
+        )
+        half = keep // 2
+        return torch.cat([ids[:, :half], ids[:, ids.shape[1] - (keep - half) :]], dim=1)
 
     # ------------------------------------------------------------------------------------------------
     def _forward(
@@ -373,7 +393,9 @@ class LazyLLM:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens = {max_new_tokens}: must be >= 1")
         t0 = time.perf_counter()
-        ids = self._as_input_ids(encode_prompt(self.tokenizer, prompt, chat=chat))
+        ids = self._fit_context(
+            self._as_input_ids(encode_prompt(self.tokenizer, prompt, chat=chat)), max_new_tokens
+        )
         n = ids.shape[1]
         stop = StopCriteria.build(self.model, self.tokenizer, eos_token_id, stop_strings)
         self.selector.reset()

@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-chat", action="store_true", help="raw prompt: do not apply the chat template")
     parser.add_argument("--compare", action="store_true", help="also run unpruned and print the speedups")
     parser.add_argument(
+        "--trust-remote-code", action="store_true", help="allow a hub model's own Python code"
+    )
+    parser.add_argument(
         "--allow-other-model",
         action="store_true",
         help="use a schedule made for another model of the same depth",
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror}") from None
         else:
             text = args.prompt
-        model, tokenizer = load_model(args.model)
+        model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
         layers = int(model.config.num_hidden_layers)
         schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)
         engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=not args.allow_other_model)

@@ -61,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("study")
     g.add_argument("--preset", help="YAML preset: a name under studies/ (e.g. qa) or a path")
+    g.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
+    g.add_argument(
+        "--trust-remote-code",
+        action="store_const",
+        const=True,
+        help="allow a hub model's own Python code to run (off unless given)",
+    )
     g.add_argument(
         "--n-trials", type=int, help=f"finished trials the study should hold (default: {d.n_trials})"
     )
@@ -105,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
 def settings_from_args(argv: Sequence[str] | None) -> SearchSettings:
     args = vars(_parser().parse_args(argv))
     preset = args.pop("preset")
+    args.pop("debug")
     return resolve_settings(preset, args)
 
 
@@ -253,7 +261,7 @@ class Session:
 def open_session(settings: SearchSettings, *, device: str | None = None, progress: bool = True) -> Session:
     space = load_space(settings.search_space)
     tracking_uri = settings.tracking_uri or default_tracking_uri(settings)
-    model, tokenizer = load_model(settings.model, device=device)
+    model, tokenizer = load_model(settings.model, device=device, trust_remote_code=settings.trust_remote_code)
     layers = int(model.config.num_hidden_layers)
     with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
         study = open_study(settings, layers)  # fails fast on an unreachable storage or a mismatched study
@@ -335,7 +343,7 @@ def run(settings: SearchSettings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    debug = os.environ.get("LAZYLLM_DEBUG") == "1"
+    debug = os.environ.get("LAZYLLM_DEBUG") == "1" or "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         settings = settings_from_args(argv)
         return run(settings)

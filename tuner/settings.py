@@ -49,6 +49,7 @@ class SearchSettings:
     heldout: bool = True
     tracking_uri: str | None = None
     n_workers: int = 1
+    trust_remote_code: bool = False
     heartbeat_interval: int = 10
     heartbeat_grace: int = 60
 
