@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast style demo bench
+.PHONY: setup test test-fast style demo bench search
 
 setup: $(STAMP)
 
@@ -32,3 +32,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/prefill_speed.py
+	$(PY) benchmarks/generation_speed.py
+
+search: $(STAMP)
+	$(PY) -m tuner.search --task qa --data-dir ../shared/data/longbench

@@ -41,3 +41,12 @@ def test_unreachable_hub_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no 45 s of network retries
     with pytest.raises(ModelLoadError, match="pass a local checkpoint folder"):
         load_model("lazyllm-tuner-test/does-not-exist", device="cpu")
+
+
+def test_engine_imports_no_optuna_or_mlflow() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, lazyllm, lazyllm.baselines, lazyllm.generate; print(sorted(m for m in ('optuna', 'mlflow') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
