@@ -35,7 +35,7 @@ class SearchSettings:
     timeout: float | None = 1200.0
     study_name: str | None = None
     storage: str | None = None
-    sampler: str = "tpe"
+    sampler: str = "gp"  # chosen by benchmarks/sampler_choice.py (hypervolume over seeds)
     seed: int = 0
     search_space: str = "stages"
     max_prompt_tokens: int = 1024

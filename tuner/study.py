@@ -58,7 +58,9 @@ def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSam
                 seed=seed, multivariate=True, group=True, n_startup_trials=startup
             )
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+        # the stages space is define-by-run: GP models the parameters every trial has and samples
+        # the conditional ones independently (expected, so not warned about on every trial)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
     if name == "random":
