@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RetryFailedTrialCallback
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
@@ -187,7 +187,7 @@ def make_storage(
                     heartbeat_interval=heartbeat_interval,
                     grace_period=grace,
                     # a trial whose worker died (stale heartbeat) is FAILED and re-enqueued, up to 3 times
-                    heartbeat_stale_trial_callback=RetryFailedTrialCallback(max_retry=3)
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3)
                     if heartbeat_interval
                     else None,
                 )

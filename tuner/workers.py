@@ -9,7 +9,7 @@ crash all end at the same count:
   marked FAILED with user attr ``surplus`` and never evaluated, so the study never runs more.
 * While the remaining slots are all held by running trials, a worker waits instead of starting more;
   if one of them belonged to a dead worker, its heartbeat goes stale, ``fail_stale_trials`` marks it
-  FAILED and ``RetryFailedTrialCallback`` enqueues a copy, which the next free worker runs.
+  FAILED and ``RetryHeartbeatStaleTrialCallback`` enqueues a copy, which the next free worker runs.
 * ``--n-workers K`` starts K local processes (joblib, loky backend), each loading the model once; on
   CUDA worker ``i`` takes GPU ``i % n_gpus``, on CPU the cores are split between workers. The baseline
   is computed once by the parent before the workers start; they read it from the on-disk cache.
