@@ -121,6 +121,15 @@ class StudyRunner:
             )
         return None
 
+    @staticmethod
+    def _same_schedule(study: optuna.Study, schedule: Schedule) -> FrozenTrial | None:
+        """A complete trial of ``study`` that evaluated exactly ``schedule``, if any."""
+        wanted = list(schedule.percentiles)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.values and t.user_attrs.get("percentiles") == wanted:
+                return t
+        return None
+
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
         if is_surplus(trial.study, trial.number, self.settings.n_trials):
             trial.set_user_attr("surplus", True)
@@ -130,6 +139,15 @@ class StudyRunner:
         flops = flop_speedup(schedule, self.dims, self.prompt_tokens)
         trial.set_user_attr("percentiles", list(schedule.percentiles))
         trial.set_user_attr("flop_speedup", flops)
+        earlier = self._same_schedule(trial.study, schedule)
+        if earlier is not None:  # evaluated already: reuse, do not spend minutes on it again
+            for key, value in earlier.user_attrs.items():
+                if key not in ("percentiles", "flop_speedup"):
+                    trial.set_user_attr(key, value)
+            trial.set_user_attr("duplicate_of", earlier.number)
+            for key, value in earlier.constraints.items():
+                trial.set_constraint(key, value)
+            return float(earlier.values[0]), float(earlier.values[1])
         engine = LazyLLM(self.model, schedule, tokenizer=self.tokenizer, strict_model_name=False)
         results, reason = self.evaluator.evaluate(
             "lazyllm",
