@@ -25,16 +25,8 @@ from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.engine import GenerationResult
 from lazyllm.timing import paired_ratio
 
-
-def schedules(name: str, layers: int) -> dict[str, Schedule]:
-    half, third = layers // 2, layers // 3
-    return {
-        "late-50%": Schedule.from_layers(name, layers, {half: 50}),
-        "progressive-30%": Schedule.paper_style(name, layers),
-        "early-progressive-10%": Schedule.progressive(
-            name, layers, start_layer=third, final_keep=0.1, stages=5
-        ),
-    }
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prefill_speed import schedules
 
 
 def prompt_ids(tokenizer: object, n: int) -> torch.Tensor:

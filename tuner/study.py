@@ -18,7 +18,7 @@ import fcntl
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +288,3 @@ def recommended_trial(study: optuna.Study, max_accuracy_loss: float) -> FrozenTr
         if t.values and t.values[1] <= max_accuracy_loss
     ]
     return max(ok, key=lambda t: (t.values[0], -t.values[1], -t.number), default=None)
-
-
-ProgressFn = Callable[[optuna.Study, FrozenTrial], None]

@@ -33,6 +33,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
+from lazyllm.schedule import Schedule
+from tuner.results import trial_schedule
 from tuner.settings import SearchSettings
 
 EXPERIMENT = "lazyllm-tuner"
@@ -207,16 +209,13 @@ class Tracker:
             tags=[RunTag("lazyllm_version", lazyllm.__version__)],
         )
         if "percentiles" in attrs:
-            from tuner.results import trial_schedule
-
-            schedule = trial_schedule(self.study, trial) if trial.values else None
+            schedule = (
+                trial_schedule(self.study, trial)  # with provenance
+                if trial.values
+                else Schedule(self.settings.model, tuple(attrs["percentiles"]))
+            )
             with tempfile.TemporaryDirectory() as tmp:
-                if schedule is None:
-                    from lazyllm.schedule import Schedule
-
-                    schedule = Schedule(self.settings.model, tuple(attrs["percentiles"]))
-                schedule.save(Path(tmp) / "schedule.json")
-                self.client.log_artifact(run_id, str(Path(tmp) / "schedule.json"))
+                self.client.log_artifact(run_id, str(schedule.save(Path(tmp) / "schedule.json")))
         status = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED"}.get(state, "FAILED")
         self.client.set_terminated(run_id, status=status)
         return run_id
