@@ -85,6 +85,21 @@ def gemma3() -> tuple[Any, Any]:
     return load_model("gemma3-270m", device="cpu")
 
 
+def hf_greedy(model: Any, ids: torch.Tensor, n: int, **kwargs: Any) -> Any:
+    """transformers' own greedy decoding of exactly ``n`` tokens, with per-step logits."""
+    with torch.inference_mode():
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+
+
 def longbench_dir() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     return os.environ.get("LONGBENCH_DIR") or os.path.join(here, "..", "..", "shared", "data", "longbench")

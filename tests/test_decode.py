@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS
+from conftest import ARCHS, hf_greedy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import reference_generate
@@ -19,17 +19,7 @@ def test_keep_all_decoding_equals_transformers_generate(arch: str) -> None:
     ids = prompt(30, seed=3)
     engine = LazyLLM(model, Schedule.keep_all(model.config.name_or_path, model.config.num_hidden_layers))
     result = engine.generate(ids, max_new_tokens=64, eos_token_id=[], return_logits=True)
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=64,
-            min_new_tokens=64,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-        )
+    out = hf_greedy(model, ids, 64, pad_token_id=0)
     assert result.token_ids == out.sequences[0, 30:].tolist()
     assert len(result.step_logits) == len(out.logits) == 64
     for ours, theirs in zip(result.step_logits, out.logits):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import longbench_dir
+from conftest import hf_greedy, longbench_dir
 from reference import reference_prefill
 
 from lazyllm.engine import LazyLLM
@@ -75,16 +75,7 @@ def test_smollm2_keep_all_generation_equals_transformers(smollm2: tuple[Any, Any
     ids = real_text_ids(tokenizer, 400)
     engine = LazyLLM(model, Schedule.keep_all("smollm2-135m", 30), tokenizer=tokenizer)
     result = engine.generate(ids, max_new_tokens=64, eos_token_id=[], return_logits=True)
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=64,
-            min_new_tokens=64,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+    out = hf_greedy(model, ids, 64)
     assert result.token_ids == out.sequences[0, 400:].tolist()
     worst = max(float((a - b[0].float()).abs().max()) for a, b in zip(result.step_logits, out.logits))
     assert worst < 1e-4

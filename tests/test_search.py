@@ -151,10 +151,14 @@ def test_early_stop_rule_and_pruned_trials(
 
 
 def test_a_schedule_already_evaluated_is_not_run_again(tiny_folder: Path, tmp_path: Path) -> None:
-    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--tracking-uri", "none")) == 0
+    assert (
+        main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--tracking-uri", "none")) == 0
+    )
     storage = f"sqlite:///{tmp_path / 's' / 'study.db'}"
     optuna.load_study(study_name="s", storage=storage).enqueue_trial({"n_stages": 0})  # keep-all again
-    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout", "--tracking-uri", "none")) == 0
+    assert (
+        main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout", "--tracking-uri", "none")) == 0
+    )
     trials = optuna.load_study(study_name="s", storage=storage).get_trials()
     assert trials[2].user_attrs["duplicate_of"] == 0
     assert trials[2].values == trials[0].values and "examples_run" in trials[2].user_attrs
