@@ -1,69 +1,16 @@
-"""Shared fixtures: tiny random-init models of each supported architecture, and the packaged models."""
+"""Shared fixtures: tiny random-init models (built once per session), the packaged models, a checkpoint folder."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    Gemma3TextConfig,
-    LlamaConfig,
-    MistralConfig,
-    Qwen2Config,
-)
+from transformers import LlamaConfig
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
-
-_COMMON: dict[str, Any] = dict(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=5,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-)
-
-
-def _configs() -> dict[str, Callable[[], Any]]:
-    return {
-        "llama": lambda: LlamaConfig(**_COMMON),
-        # every layer slides a window of 8, so prompts of 20+ tokens exercise the masks
-        "mistral": lambda: MistralConfig(**_COMMON, sliding_window=8),
-        # two full layers then three sliding ones
-        "qwen2": lambda: Qwen2Config(
-            **_COMMON, use_sliding_window=True, sliding_window=8, max_window_layers=2
-        ),
-        # Gemma 3: local/global rotary per layer type, sliding layers, q/k norms, scaled embeddings
-        "gemma3": lambda: Gemma3TextConfig(
-            **{**_COMMON, "num_hidden_layers": 6}, head_dim=16, sliding_window=8
-        ),
-    }
-
-
-ARCHS = sorted(_configs())
-
-
-def make_tiny(arch: str, attn_implementation: str = "sdpa", seed: int = 0) -> Any:
-    """A random-init tiny causal LM (fp32, eval mode); its name is ``tiny-<arch>``."""
-    torch.manual_seed(seed)
-    config = _configs()[arch]()
-    model = AutoModelForCausalLM.from_config(
-        config, attn_implementation=attn_implementation, dtype=torch.float32
-    )
-    # random init gives near-uniform attention; larger weights make importance scores distinct
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "proj" in name:
-                param.mul_(3.0)
-    model.eval()
-    model.config.name_or_path = f"tiny-{arch}"
-    return model
+from tests.support import ARCHS, make_tiny
 
 
 @pytest.fixture(params=ARCHS)
@@ -85,24 +32,23 @@ def gemma3() -> tuple[Any, Any]:
     return load_model("gemma3-270m", device="cpu")
 
 
-def hf_greedy(model: Any, ids: torch.Tensor, n: int, **kwargs: Any) -> Any:
-    """transformers' own greedy decoding of exactly ``n`` tokens, with per-step logits."""
-    with torch.inference_mode():
-        return model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            **kwargs,
-        )
+@pytest.fixture(scope="session")
+def model_pair() -> Callable[[str], tuple[Any, Any]]:
+    """``model_pair(arch)``: the same tiny model loaded twice, with sdpa and with eager attention.
 
+    Built once per architecture and session; tests must not change their weights.
+    """
+    pairs: dict[str, tuple[Any, Any]] = {}
 
-def longbench_dir() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.environ.get("LONGBENCH_DIR") or os.path.join(here, "..", "..", "shared", "data", "longbench")
+    def pair(arch: str) -> tuple[Any, Any]:
+        if arch not in pairs:
+            sdpa = make_tiny(arch, "sdpa")
+            eager = make_tiny(arch, "eager")
+            eager.load_state_dict(sdpa.state_dict())
+            pairs[arch] = (sdpa, eager)
+        return pairs[arch]
+
+    return pair
 
 
 @pytest.fixture(scope="session")

@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lazyllm.methods import check_method, make_method, method_names
 from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
 from lazyllm.schedule import Schedule
 from tuner.evaluation import (
-    METHODS,
     EvalConfig,
     Evaluator,
     ExampleResult,
-    make_method,
     summarize,
     write_results,
 )
@@ -116,7 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--schedule", type=Path, help="LazyLLM schedule JSON (needed by every method but baseline)"
     )
-    p.add_argument("--methods", default=",".join(METHODS), help="comma list of %(default)s")
+    p.add_argument(
+        "--methods",
+        default="baseline,random,static,compression,lazyllm",
+        help=f"comma list of: {', '.join(method_names())} (default: %(default)s)",
+    )
     p.add_argument("--n-examples", type=int, help="at most this many examples per dataset")
     p.add_argument("--max-prompt-tokens", type=int, default=EvalConfig.max_prompt_tokens)
     p.add_argument("--max-new-tokens", type=int, help="cap on LongBench's generation lengths")
@@ -131,9 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        unknown = [m for m in methods if m not in METHODS]
-        if unknown:
-            raise ValueError(f"Unknown method {unknown[0]!r}. Available: {', '.join(METHODS)}")
+        for method in methods:
+            check_method(method)
         config = EvalConfig(
             model=args.model,
             task=args.task,

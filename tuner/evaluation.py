@@ -30,10 +30,9 @@ import torch
 from tqdm.auto import tqdm
 
 import lazyllm
-from lazyllm.baselines import PromptCompression, random_drop, static_pruning
-from lazyllm.engine import GenerationResult, LazyLLM
+from lazyllm.engine import GenerationResult
+from lazyllm.methods import Generator, make_method
 from lazyllm.models import DEFAULT_MODEL
-from lazyllm.schedule import Schedule
 from tuner.longbench import (
     DATASETS,
     build_prompt,
@@ -45,8 +44,6 @@ from tuner.longbench import (
     truncate_middle,
 )
 from tuner.metrics import score_example, task_score
-
-METHODS = ("baseline", "lazyllm", "random", "static", "compression")
 
 
 @dataclass(frozen=True)
@@ -166,40 +163,6 @@ def data_fingerprint(config: EvalConfig) -> str:
         path = folder / extra
         h.update(path.read_bytes() if path.exists() else b"-")
     return h.hexdigest()[:16]
-
-
-# Anything with LazyLLM's ``generate``: LazyLLM itself (also random drop and static pruning) and
-# prompt compression.
-Generator = LazyLLM | PromptCompression
-
-
-def make_method(
-    name: str, model: Any, tokenizer: Any, schedule: Schedule | None, *, seed: int = 0
-) -> Generator:
-    """A generator for method ``name``; the baselines are matched to ``schedule``'s compute.
-
-    random: the schedule's keep counts, random tokens. static: prunes once after 2 layers, keeping the
-    share that computes the same (token, layer) pairs as the schedule in the long-prompt limit.
-    compression: drops the same share of prompt tokens as the schedule skips overall.
-    """
-    layers = int(model.config.num_hidden_layers)
-    name_or_path = str(model.config.name_or_path)
-    if name not in METHODS:
-        raise ValueError(f"Unknown method {name!r}. Available: {', '.join(METHODS)}")
-    if name == "baseline":
-        return LazyLLM(model, Schedule.keep_all(name_or_path, layers), tokenizer=tokenizer)
-    if schedule is None:
-        raise ValueError(f"method {name!r} needs a schedule (--schedule)")
-    computed = sum(schedule.keep_fractions()) / layers
-    if name == "lazyllm":
-        return LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False)
-    if name == "random":
-        return random_drop(model, schedule, tokenizer=tokenizer, seed=seed)
-    if name == "static":
-        score_layers = 2
-        keep = min(1.0, max(0.01, (computed * layers - score_layers) / (layers - score_layers)))
-        return static_pruning(model, keep, score_layers=score_layers, tokenizer=tokenizer)
-    return PromptCompression(model, tokenizer, drop_fraction=min(0.95, max(0.0, 1.0 - computed)))
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from optuna.trial import FrozenTrial
 from tqdm.auto import tqdm
 
 from lazyllm.flops import ModelDims, flop_speedup
+from lazyllm.methods import make_method
 from lazyllm.models import ModelLoadError, load_model
 from lazyllm.schedule import Schedule
-from tuner.evaluation import EvalConfig, Evaluator, make_method, summarize
+from tuner.evaluation import EvalConfig, Evaluator, summarize
 from tuner.results import export_study
 from tuner.settings import SAMPLERS, SPEEDUP_MODES, SearchSettings, resolve_settings
 from tuner.spaces import list_spaces, load_space

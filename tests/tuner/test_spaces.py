@@ -52,7 +52,7 @@ def _ask(space: SearchSpace, num_layers: int, study: optuna.Study) -> tuple[Sche
 # registry and loading
 def test_registry_lists_the_packaged_spaces() -> None:
     assert list_spaces() == NAMES
-    assert Path(__file__).resolve().parents[1] / "search_spaces" == SEARCH_SPACE_DIR
+    assert Path(__file__).resolve().parents[2] / "search_spaces" == SEARCH_SPACE_DIR
     assert isinstance(SPACES["stages"], StagesSpace)
     assert isinstance(SPACES["parametric"], ParametricSpace)
     assert isinstance(SPACES["per_layer"], PerLayerSpace)

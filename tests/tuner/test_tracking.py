@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import longbench_dir
 from mlflow.tracking import MlflowClient
 
 from lazyllm.schedule import Schedule
+from tests.support import longbench_dir
 from tuner import export as export_cli
 from tuner.search import main
 from tuner.tracking import EXPERIMENT

@@ -2,36 +2,20 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from conftest import ARCHS, make_tiny
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import reference_prefill
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from lazyllm.attention import causal_mask
 from lazyllm.engine import LazyLLM, select_survivors
 from lazyllm.schedule import Schedule
-
-_PAIRS: dict[str, tuple[Any, Any]] = {}
-
-
-def sdpa_and_eager(arch: str) -> tuple[Any, Any]:
-    """The same tiny model loaded twice: with sdpa and with eager attention."""
-    if arch not in _PAIRS:
-        sdpa = make_tiny(arch, "sdpa")
-        eager = make_tiny(arch, "eager")
-        eager.load_state_dict(sdpa.state_dict())
-        _PAIRS[arch] = (sdpa, eager)
-    return _PAIRS[arch]
-
-
-def prompt(n: int, seed: int = 0, vocab: int = 97) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (1, n), generator=g)
+from tests.reference import reference_prefill
+from tests.support import ARCHS, make_tiny, prompt
 
 
 def state_digest(model: Any) -> str:
@@ -44,8 +28,10 @@ def state_digest(model: Any) -> str:
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_keep_all_equals_transformers(arch: str, attn: str) -> None:
-    model = sdpa_and_eager(arch)[0 if attn == "sdpa" else 1]
+def test_keep_all_equals_transformers(
+    arch: str, attn: str, model_pair: Callable[[str], tuple[Any, Any]]
+) -> None:
+    model = model_pair(arch)[0 if attn == "sdpa" else 1]
     ids = prompt(40)  # longer than the sliding window of 8
     with torch.inference_mode():
         expected = model(ids).logits[:, -1].float()
@@ -61,8 +47,10 @@ def test_keep_all_equals_transformers(arch: str, attn: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_pruned_prefill_matches_slow_reference(arch: str, data: st.DataObject) -> None:
-    sdpa, eager = sdpa_and_eager(arch)
+def test_pruned_prefill_matches_slow_reference(
+    arch: str, data: st.DataObject, model_pair: Callable[[str], tuple[Any, Any]]
+) -> None:
+    sdpa, eager = model_pair(arch)
     layers = sdpa.config.num_hidden_layers
     n = data.draw(st.integers(1, 48), label="n")
     pct = data.draw(
@@ -95,8 +83,8 @@ def test_pruned_prefill_matches_slow_reference(arch: str, data: st.DataObject) -
     torch.testing.assert_close(result.logits[0], ref_logits, atol=1e-4, rtol=0)
 
 
-def test_survivors_are_the_top_scorers() -> None:
-    sdpa, _ = sdpa_and_eager("llama")
+def test_survivors_are_the_top_scorers(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
+    sdpa, _ = model_pair("llama")
     schedule = Schedule.from_layers("tiny-llama", 5, {1: 60})
     result = LazyLLM(sdpa, schedule).prefill(prompt(30), return_scores=True)
     scores = result.scores[1]

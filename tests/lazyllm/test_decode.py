@@ -1,21 +1,25 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
-from conftest import ARCHS, hf_greedy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import reference_generate
-from test_engine import prompt, sdpa_and_eager
 
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
 from lazyllm.selectors import RandomSelector
+from tests.reference import reference_generate
+from tests.support import ARCHS, hf_greedy, prompt
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_keep_all_decoding_equals_transformers_generate(arch: str) -> None:
-    model, _ = sdpa_and_eager(arch)
+def test_keep_all_decoding_equals_transformers_generate(
+    arch: str, model_pair: Callable[[str], tuple[Any, Any]]
+) -> None:
+    model, _ = model_pair(arch)
     ids = prompt(30, seed=3)
     engine = LazyLLM(model, Schedule.keep_all(model.config.name_or_path, model.config.num_hidden_layers))
     result = engine.generate(ids, max_new_tokens=64, eos_token_id=[], return_logits=True)
@@ -30,8 +34,10 @@ def test_keep_all_decoding_equals_transformers_generate(arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_pruned_decoding_matches_slow_reference(arch: str, data: st.DataObject) -> None:
-    sdpa, eager = sdpa_and_eager(arch)
+def test_pruned_decoding_matches_slow_reference(
+    arch: str, data: st.DataObject, model_pair: Callable[[str], tuple[Any, Any]]
+) -> None:
+    sdpa, eager = model_pair(arch)
     layers = sdpa.config.num_hidden_layers
     n = data.draw(st.integers(2, 24), label="n")
     pct = data.draw(
@@ -63,9 +69,9 @@ def test_pruned_decoding_matches_slow_reference(arch: str, data: st.DataObject) 
     assert bool((done[1:] <= done[:-1]).all())
 
 
-def test_tokens_come_back_from_the_aux_cache() -> None:
+def test_tokens_come_back_from_the_aux_cache(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
     """With heavy pruning, later steps select tokens pruned earlier; they resume from the Aux Cache."""
-    sdpa, eager = sdpa_and_eager("llama")
+    sdpa, eager = model_pair("llama")
     schedule = Schedule("tiny-llama", (0.0, 70.0, 0.0, 70.0, 0.0))
     ids = prompt(40, seed=11)
     engine = LazyLLM(sdpa, schedule, track_computation=True)
@@ -83,8 +89,8 @@ def test_tokens_come_back_from_the_aux_cache() -> None:
     assert result.token_ids == ref_tokens
 
 
-def test_random_drop_is_seeded_and_keeps_counts() -> None:
-    sdpa, _ = sdpa_and_eager("llama")
+def test_random_drop_is_seeded_and_keeps_counts(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
+    sdpa, _ = model_pair("llama")
     schedule = Schedule("tiny-llama", (0.0, 50.0, 0.0, 50.0, 0.0))
     ids = prompt(40, seed=5)
     a = LazyLLM(sdpa, schedule, selector=RandomSelector(seed=1)).prefill(ids)
@@ -97,8 +103,8 @@ def test_random_drop_is_seeded_and_keeps_counts() -> None:
     assert a.computed_positions[2].tolist() != lazy.computed_positions[2].tolist()
 
 
-def test_stop_rules() -> None:
-    sdpa, _ = sdpa_and_eager("llama")
+def test_stop_rules(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
+    sdpa, _ = model_pair("llama")
     engine = LazyLLM(sdpa, Schedule.keep_all("tiny-llama", 5))
     ids = prompt(10, seed=7)
     free = engine.generate(ids, max_new_tokens=8, eos_token_id=[])

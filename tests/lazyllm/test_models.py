@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny
 
 from lazyllm.models import ModelLoadError, load_model, resolve
+from tests.support import make_tiny
 
 
 def test_resolve_errors(tmp_path) -> None:

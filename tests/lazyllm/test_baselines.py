@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
-from test_engine import prompt, sdpa_and_eager
 
 from lazyllm.baselines import PromptCompression, random_drop, static_pruning
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
+from tests.support import prompt
 
 
 class _CharTokenizer:
@@ -16,8 +19,8 @@ class _CharTokenizer:
         return "".join(" w" if i % 2 == 0 else "x" for i in ids)
 
 
-def test_static_pruning_prunes_once_and_never_revives() -> None:
-    model, _ = sdpa_and_eager("llama")
+def test_static_pruning_prunes_once_and_never_revives(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
+    model, _ = model_pair("llama")
     ids = prompt(40, seed=4)
     engine = static_pruning(model, keep_fraction=0.4, score_layers=2)
     engine.track_computation = True
@@ -41,9 +44,9 @@ def test_static_pruning_prunes_once_and_never_revives() -> None:
         static_pruning(model, keep_fraction=0.0)
 
 
-def test_static_decoding_sees_only_kept_prompt_tokens() -> None:
+def test_static_decoding_sees_only_kept_prompt_tokens(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
     """After the prefill, the active prompt set of every decoding step is the kept set."""
-    model, _ = sdpa_and_eager("llama")
+    model, _ = model_pair("llama")
     ids = prompt(40, seed=4)
     engine = static_pruning(model, keep_fraction=0.5, score_layers=1)
     engine.track_computation = True
@@ -56,8 +59,8 @@ def test_static_decoding_sees_only_kept_prompt_tokens() -> None:
     assert state.visible_prompt is not None and torch.equal(state.visible_prompt, kept.nonzero()[:, 0])
 
 
-def test_random_drop_same_counts() -> None:
-    model, _ = sdpa_and_eager("qwen2")
+def test_random_drop_same_counts(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
+    model, _ = model_pair("qwen2")
     schedule = Schedule("tiny-qwen2", (0.0, 50.0, 0.0, 30.0, 0.0))
     ids = prompt(33, seed=2)
     a = random_drop(model, schedule, seed=3)
@@ -67,8 +70,8 @@ def test_random_drop_same_counts() -> None:
     assert r1.token_ids == r2.token_ids
 
 
-def test_prompt_compression_drops_low_information_words() -> None:
-    model, _ = sdpa_and_eager("llama")
+def test_prompt_compression_drops_low_information_words(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
+    model, _ = model_pair("llama")
     ids = torch.tensor([list(range(0, 60))]) % 97
     pc = PromptCompression(model, _CharTokenizer(), drop_fraction=0.5, protect_first=2, protect_last=10)
     kept = pc.compress(ids)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import longbench_dir
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
+from tests.support import longbench_dir
 from tuner.search import main
 from tuner.tracking import EXPERIMENT
 

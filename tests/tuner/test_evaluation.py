@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import longbench_dir
 
+from lazyllm.methods import make_method
 from lazyllm.schedule import Schedule
+from tests.support import longbench_dir
 from tuner import evaluate as evaluate_cli
-from tuner.evaluation import EvalConfig, Evaluator, build_examples, make_method, summarize, write_results
+from tuner.evaluation import EvalConfig, Evaluator, build_examples, summarize, write_results
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import longbench_dir
 
+from tests.support import longbench_dir
 from tuner.longbench import (
     DATASETS,
     GENERIC_TEMPLATE,

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_tiny
 
 from lazyllm.flops import ModelDims, flop_speedup, prefill_flops
 from lazyllm.schedule import Schedule
+from tests.support import make_tiny
 
 DIMS = ModelDims(hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10, windows=(None, None))
 

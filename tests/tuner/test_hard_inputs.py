@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import longbench_dir, make_tiny
 
 from lazyllm import generate as generate_cli
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
+from tests.support import longbench_dir, make_tiny
 from tuner.search import main as search
 
 

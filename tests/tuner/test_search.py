@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
-from conftest import longbench_dir
 
 from lazyllm.schedule import Schedule
+from tests.support import longbench_dir
 from tuner.evaluation import ExampleResult
 from tuner.search import main, settings_from_args
 from tuner.settings import SearchSettings, resolve_settings

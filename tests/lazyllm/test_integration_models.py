@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import hf_greedy, longbench_dir
-from reference import reference_prefill
 
 from lazyllm.engine import LazyLLM
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
+from tests.reference import reference_prefill
+from tests.support import hf_greedy, longbench_dir
 
 pytestmark = pytest.mark.integration
 

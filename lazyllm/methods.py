@@ -1,0 +1,155 @@
+"""Generation methods by name: LazyLLM and the baselines it is compared against.
+
+A method is a factory ``(MethodRequest) -> Generator``: anything with LazyLLM's ``generate``. The
+registry is a plain table; an unknown name fails with the list of valid ones. Baselines that need
+a schedule are matched to its compute here, beside the baselines themselves:
+
+- ``random``: the schedule's keep counts, random tokens (seeded).
+- ``static``: prunes once after ``score_layers`` = 2 layers, keeping the share of prompt tokens that
+  computes the same (token, layer) pairs as the schedule in the long-prompt limit.
+- ``compression``: drops the share of prompt words that the schedule skips overall.
+
+>>> method_names()[:3]
+['baseline', 'compression', 'lazyllm']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from lazyllm.baselines import PromptCompression, random_drop, static_pruning
+from lazyllm.engine import GenerationResult, LazyLLM
+from lazyllm.schedule import Schedule
+
+
+class Generator(Protocol):
+    """What every method returns: LazyLLM's ``generate`` contract."""
+
+    def generate(
+        self,
+        prompt: str | torch.Tensor | list[int],
+        *,
+        max_new_tokens: int = ...,
+        stop_strings: list[str] | tuple[str, ...] = ...,
+    ) -> GenerationResult: ...
+
+
+@dataclass(frozen=True)
+class MethodRequest:
+    """What a method factory gets.
+
+    Args:
+        model, tokenizer: from :func:`lazyllm.load_model` (the model is never modified).
+        schedule: the tuned schedule the method is compared with (None for ``baseline``).
+        seed: for methods that draw at random.
+        options: method knobs by name (each method documents and validates its own).
+    """
+
+    model: Any
+    tokenizer: Any
+    schedule: Schedule | None = None
+    seed: int = 0
+    options: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    def require_schedule(self, method: str) -> Schedule:
+        if self.schedule is None:
+            raise ValueError(f"method {method!r} needs a schedule (--schedule)")
+        return self.schedule
+
+    def computed_share(self, method: str) -> float:
+        """The share of prompt (token, layer) pairs the schedule computes, in the long-prompt limit."""
+        schedule = self.require_schedule(method)
+        return sum(schedule.keep_fractions()) / self.num_layers
+
+
+MethodFactory = Callable[[MethodRequest], Generator]
+METHODS: dict[str, MethodFactory] = {}
+
+
+def register_method(name: str) -> Callable[[MethodFactory], MethodFactory]:
+    """Decorator: add a factory to :data:`METHODS` under ``name`` (names are unique)."""
+
+    def add(factory: MethodFactory) -> MethodFactory:
+        if name in METHODS:
+            raise ValueError(f"method {name!r} is registered twice")
+        METHODS[name] = factory
+        return factory
+
+    return add
+
+
+def method_names() -> list[str]:
+    return sorted(METHODS)
+
+
+def check_method(name: str) -> None:
+    if name not in METHODS:
+        raise ValueError(f"Unknown method {name!r}. Available: {', '.join(method_names())}")
+
+
+def make_method(
+    name: str,
+    model: Any,
+    tokenizer: Any,
+    schedule: Schedule | None = None,
+    *,
+    seed: int = 0,
+    options: Mapping[str, float] | None = None,
+) -> Generator:
+    """A generator for method ``name`` (see :data:`METHODS`)."""
+    check_method(name)
+    request = MethodRequest(model, tokenizer, schedule, seed, dict(options or {}))
+    return METHODS[name](request)
+
+
+@register_method("baseline")
+def _baseline(req: MethodRequest) -> Generator:
+    name = str(req.model.config.name_or_path)
+    return LazyLLM(req.model, Schedule.keep_all(name, req.num_layers), tokenizer=req.tokenizer)
+
+
+@register_method("lazyllm")
+def _lazyllm(req: MethodRequest) -> Generator:
+    schedule = req.require_schedule("lazyllm")
+    return LazyLLM(req.model, schedule, tokenizer=req.tokenizer, strict_model_name=False)
+
+
+@register_method("random")
+def _random(req: MethodRequest) -> Generator:
+    schedule = req.require_schedule("random")
+    return random_drop(req.model, schedule, tokenizer=req.tokenizer, seed=req.seed)
+
+
+STATIC_SCORE_LAYERS = 2
+
+
+def static_keep_share(computed: float, num_layers: int, score_layers: int = STATIC_SCORE_LAYERS) -> float:
+    """The share of prompt tokens static pruning keeps after ``score_layers`` full layers so that it
+    computes ``computed`` of the (token, layer) pairs: ``score_layers + keep * (L - score_layers) =
+    computed * L``, clipped to [0.01, 1].
+
+    >>> static_keep_share(0.6, 12)
+    0.52
+    """
+    keep = (computed * num_layers - score_layers) / (num_layers - score_layers)
+    return round(min(1.0, max(0.01, keep)), 12)
+
+
+@register_method("static")
+def _static(req: MethodRequest) -> Generator:
+    keep = static_keep_share(req.computed_share("static"), req.num_layers)
+    return static_pruning(req.model, keep, score_layers=STATIC_SCORE_LAYERS, tokenizer=req.tokenizer)
+
+
+@register_method("compression")
+def _compression(req: MethodRequest) -> Generator:
+    drop = min(0.95, max(0.0, 1.0 - req.computed_share("compression")))
+    return PromptCompression(req.model, req.tokenizer, drop_fraction=drop)
