@@ -20,10 +20,11 @@ from pathlib import Path
 import optuna
 
 from lazyllm.models import load_model
-from tuner.evaluation import EvalConfig, Evaluator
+from tuner.evaluation import Evaluator
+from tuner.samplers import make_sampler
 from tuner.settings import SearchSettings
 from tuner.spaces import load_space
-from tuner.study import StudyRunner, make_sampler, warm_start
+from tuner.study import BaselineStats, StudyRunner, warm_start
 
 
 def hypervolume(points: list[tuple[float, float]], ref_speedup: float, ref_loss: float) -> float:
@@ -55,11 +56,9 @@ def main() -> int:
     model, tokenizer = load_model(settings.model)
     layers = int(model.config.num_hidden_layers)
     space = load_space(settings.search_space)
-    config = EvalConfig(
-        task="qa", n_examples=1, max_prompt_tokens=256, max_new_tokens=8, data_dir=args.data_dir
-    )
-    evaluator = Evaluator(model, tokenizer, config, Path("benchmarks/results/cache"), progress=False)
-    runner = StudyRunner(settings, model, tokenizer, evaluator, space)
+    evaluator = Evaluator(model, tokenizer, settings, Path("benchmarks/results/cache"), progress=False)
+    baseline = BaselineStats.of(evaluator.baseline_results())
+    runner = StudyRunner(settings, model, tokenizer, evaluator, space, baseline)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table: dict[str, list[float]] = {}
     for name in args.samplers:

@@ -1,12 +1,13 @@
 """Compare methods on a LongBench task split: the LazyLLM paper's Table 1 and Table 2 on our models.
 
-    python -m tuner.evaluate --task qa --split test --schedule s.json \\
+    python -m tuner.evaluate --task qa --split test --schedule s.json [--preset qa] \\
         [--methods baseline,random,static,compression,lazyllm] [--data-dir DIR] [--output DIR]
 
 Table 1: score per category (macro average of its datasets' LongBench scores) and median paired TTFT
 speedup, per method. Table 2: share of prompt (token, layer) pairs computed and median generation
 (total time) speedup. Both with sample counts. Written as markdown, CSV and PNG under ``--output``,
-with per-example JSONL and a summary JSON per method (reruns overwrite).
+with per-example JSONL and a summary JSON per method (reruns overwrite). The default ``--output`` is
+``outputs/evaluate/<model>-<task>-<split>``, so evaluations of different tasks never overwrite each other.
 """
 
 from __future__ import annotations
@@ -19,18 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lazyllm.methods import check_method, make_method, method_names
-from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
+from lazyllm.cli import cli_main
+from lazyllm.methods import make_method
+from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
-from tuner.evaluation import (
-    EvalConfig,
-    Evaluator,
-    ExampleResult,
-    summarize,
-    write_results,
-)
-from tuner.longbench import DATASETS
+from tuner.evaluation import Evaluator, ExampleResult, summarize, write_results
+from tuner.longbench import DATASETS, data_dir
 from tuner.metrics import task_score
+from tuner.settings import EvaluateSettings, add_flags, resolve_settings
 
 
 def category_table(results: dict[str, list[ExampleResult]]) -> list[dict[str, Any]]:
@@ -106,86 +103,60 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tuner.evaluate", description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument(
-        "--task", default="qa", help="category, qa, dataset name or comma list (default: %(default)s)"
-    )
-    p.add_argument("--language", default="en", choices=["en", "zh", "all"])
-    p.add_argument("--split", default="test", choices=["validation", "test"])
-    p.add_argument(
-        "--schedule", type=Path, help="LazyLLM schedule JSON (needed by every method but baseline)"
-    )
-    p.add_argument(
-        "--methods",
-        default="baseline,random,static,compression,lazyllm",
-        help=f"comma list of: {', '.join(method_names())} (default: %(default)s)",
-    )
-    p.add_argument("--n-examples", type=int, help="at most this many examples per dataset")
-    p.add_argument("--max-prompt-tokens", type=int, default=EvalConfig.max_prompt_tokens)
-    p.add_argument("--max-new-tokens", type=int, help="cap on LongBench's generation lengths")
-    p.add_argument("--data-dir", help="LongBench folder (default: $LONGBENCH_DIR)")
-    p.add_argument("--output", type=Path, default=Path("outputs/evaluate"), help="default: %(default)s")
-    p.add_argument("--seed", type=int, default=0, help="random drop seed")
-    p.add_argument("--allow-other-model", action="store_true", help="use a schedule made for another model")
+    p.add_argument("--preset", help="YAML preset: a name under studies/ (e.g. qa) or a path")
+    add_flags(p, EvaluateSettings)
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        for method in methods:
-            check_method(method)
-        config = EvalConfig(
-            model=args.model,
-            task=args.task,
-            language=args.language,
-            split=args.split,
-            n_examples=args.n_examples,
-            max_prompt_tokens=args.max_prompt_tokens,
-            max_new_tokens=args.max_new_tokens,
-            data_dir=args.data_dir,
+def settings_from_args(args: argparse.Namespace) -> EvaluateSettings:
+    values = dict(vars(args))
+    preset = values.pop("preset")
+    values.pop("debug", None)
+    return resolve_settings(preset, values, EvaluateSettings)
+
+
+def evaluate(settings: EvaluateSettings) -> int:
+    """Evaluate every method of ``settings`` and write the report; returns 0."""
+    schedule = Schedule.load(settings.schedule) if settings.schedule else None
+    data_dir(settings.data_dir)  # a missing data folder fails before the model loads
+    out = settings.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model(settings.model, trust_remote_code=settings.trust_remote_code)
+    if schedule is not None:
+        schedule.check_model(
+            settings.model, int(model.config.num_hidden_layers), strict_name=not settings.allow_other_model
         )
-        schedule = Schedule.load(args.schedule) if args.schedule else None
-        if schedule is None and any(m != "baseline" for m in methods):
-            raise ValueError("--schedule is needed for methods other than baseline")
-        args.output.mkdir(parents=True, exist_ok=True)
-        model, tokenizer = load_model(args.model)
-        if schedule is not None:
-            schedule.check_model(
-                args.model, int(model.config.num_hidden_layers), strict_name=not args.allow_other_model
-            )
-        evaluator = Evaluator(model, tokenizer, config, args.output / "cache")
-    except (ValueError, ModelLoadError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    evaluator = Evaluator(model, tokenizer, settings.eval_only(), out / "cache")
     baseline = evaluator.baseline_results()
     results: dict[str, list[ExampleResult]] = {}
-    for method in methods:
+    for method in settings.method_list:
         if method == "baseline":
             res = baseline
         else:
-            res, _ = evaluator.evaluate(
-                method, make_method(method, model, tokenizer, schedule, seed=args.seed)
-            )
+            generator = make_method(method, model, tokenizer, schedule, seed=settings.seed)
+            res, _ = evaluator.evaluate(method, generator)
         results[method] = res
-        write_results(res, summarize(res, baseline), args.output, method)
+        write_results(res, summarize(res, baseline), out, method)
     rows = category_table(results)
     header = (
-        f"model {args.model}, task {args.task} ({args.language}), split {args.split}, "
-        f"{len(evaluator.examples)} examples, prompts cut to {args.max_prompt_tokens} tokens"
-        + (f", schedule {args.schedule}" if args.schedule else "")
+        f"model {settings.model}, task {settings.task} ({settings.language}), split {settings.split}, "
+        f"{len(evaluator.examples)} examples, prompts cut to {settings.max_prompt_tokens} tokens"
+        + (f", schedule {settings.schedule}" if settings.schedule else "")
     )
     text = markdown(rows, header)
-    (args.output / "report.md").write_text(text)
-    with (args.output / "report.csv").open("w", newline="") as fh:
+    (out / "report.md").write_text(text)
+    with (out / "report.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, args.output / "report.png")
+    plot(rows, out / "report.png")
     print(text)
-    print(f"written: {args.output}/report.md, report.csv, report.png, <method>.jsonl, <method>.summary.json")
+    print(f"written: {out}/report.md, report.csv, report.png, <method>.jsonl, <method>.summary.json")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli_main(_parser(), lambda args: evaluate(settings_from_args(args)), argv)
 
 
 if __name__ == "__main__":

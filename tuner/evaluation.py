@@ -32,7 +32,6 @@ from tqdm.auto import tqdm
 import lazyllm
 from lazyllm.engine import GenerationResult
 from lazyllm.methods import Generator, make_method
-from lazyllm.models import DEFAULT_MODEL
 from tuner.longbench import (
     DATASETS,
     build_prompt,
@@ -44,43 +43,7 @@ from tuner.longbench import (
     truncate_middle,
 )
 from tuner.metrics import score_example, task_score
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """What to evaluate on. Defaults fit this project's 2-core CPU; raise them on a GPU.
-
-    Args:
-        model: alias, checkpoint folder or hub id.
-        task: LongBench category, ``qa``, dataset name or comma list (see :func:`tuner.longbench.resolve_task`).
-        language: ``en``, ``zh`` or ``all``.
-        split: ``validation`` (search) or ``test`` (reports).
-        split_seed: seed of the hashed validation/test split.
-        n_examples: at most this many examples per dataset (the first of the split); None = all.
-        max_prompt_tokens: prompts longer than this are cut in the middle.
-        max_new_tokens: cap on LongBench's per-dataset generation length (None = LongBench's own).
-        data_dir: folder of LongBench ``<dataset>.jsonl`` files (None: env ``LONGBENCH_DIR``).
-    """
-
-    model: str = DEFAULT_MODEL
-    task: str = "qa"
-    language: str = "en"
-    split: str = "validation"
-    split_seed: int = 0
-    n_examples: int | None = None
-    max_prompt_tokens: int = 1536
-    max_new_tokens: int | None = None
-    data_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.split not in ("validation", "test"):
-            raise ValueError(f"split = {self.split!r}: must be 'validation' or 'test'")
-        if self.n_examples is not None and self.n_examples < 1:
-            raise ValueError(f"n_examples = {self.n_examples}: must be >= 1 (or None for all)")
-        if self.max_prompt_tokens < 16:
-            raise ValueError(f"max_prompt_tokens = {self.max_prompt_tokens}: must be >= 16")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens = {self.max_new_tokens}: must be >= 1 (or None)")
+from tuner.settings import EvalSettings
 
 
 @dataclass(frozen=True)
@@ -114,7 +77,7 @@ def _encode(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> list[int]
     return truncate_middle(ids, max_tokens)
 
 
-def build_examples(config: EvalConfig, tokenizer: Any) -> list[Example]:
+def build_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
     """Load, split, cut and encode the examples of ``config.task`` (datasets in task order)."""
     folder = data_dir(config.data_dir)
     records = load_task(config.task, config.language, folder)
@@ -152,7 +115,7 @@ def build_examples(config: EvalConfig, tokenizer: Any) -> list[Example]:
     return examples
 
 
-def data_fingerprint(config: EvalConfig) -> str:
+def data_fingerprint(config: EvalSettings) -> str:
     """Digest of the data files a task reads (size + mtime would miss an edited copy; hash contents)."""
     folder = data_dir(config.data_dir)
     h = hashlib.sha256()
@@ -235,7 +198,13 @@ class Evaluator:
     """
 
     def __init__(
-        self, model: Any, tokenizer: Any, config: EvalConfig, cache_dir: str | Path, *, progress: bool = True
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: EvalSettings,
+        cache_dir: str | Path,
+        *,
+        progress: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -244,8 +213,11 @@ class Evaluator:
         self.examples = build_examples(config, tokenizer)
         self.baseline_engine = make_method("baseline", model, tokenizer, None)
         fingerprint = {
-            **asdict(config),
-            "data_dir": None,
+            **{
+                k: v
+                for k, v in asdict(config.eval_only()).items()
+                if k not in ("data_dir", "trust_remote_code")
+            },
             "data": data_fingerprint(config),
             "lazyllm": lazyllm.__version__,
             "torch": torch.__version__,

@@ -1,79 +1,157 @@
-"""Study settings: dataclass defaults -> YAML preset (``studies/*.yaml``) -> CLI flags, validated once.
+"""Settings: dataclass defaults -> YAML preset (``studies/*.yaml``) -> CLI flags, validated once.
 
-The defaults finish ``python -m tuner.search --task qa`` on a 2-core CPU in about 15 minutes (SmolLM2,
-one validation example per QA dataset, prompts cut to 1024 tokens, answers capped at 32 tokens,
-16 trials). On a GPU raise ``n_examples``, ``max_prompt_tokens``, ``n_trials`` (see the README).
+One model of *what to evaluate on* (:class:`EvalSettings`: model, task, language, split, truncation,
+answer lengths, data) is shared by the search (:class:`SearchSettings`) and the report CLI
+(:class:`EvaluateSettings`), so a preset means the same examples to both. Every field carries its
+help text, and the command-line flags are made from the fields (:func:`add_flags`), so a setting is
+declared, defaulted, documented and validated in exactly one place.
+
+The search defaults finish ``python -m tuner.search --task qa`` on a 2-core CPU in about 15 minutes
+(SmolLM2, one validation example per QA dataset, prompts cut to 1024 tokens, answers capped at 32
+tokens, 16 trials). On a GPU raise ``n_examples``, ``max_prompt_tokens``, ``n_trials`` (see README).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+from lazyllm.methods import check_method
 from lazyllm.models import DEFAULT_MODEL
+from tuner.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task
+from tuner.samplers import check_sampler, sampler_names
 
 STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
-SAMPLERS = ("tpe", "gp", "nsga2", "random")
 SPEEDUP_MODES = ("measured", "flops")
-_STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
+
+
+def _slug(text: str) -> str:
+    """A folder-safe name part: path separators and odd characters become '-'."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "x"
+
+
+def _finite(name: str, value: float | None, *, low: float | None = None, strict: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} = {value!r}: must be a finite number")
+    if low is not None and (value <= low if strict else value < low):
+        raise ValueError(f"{name} = {value}: must be {'>' if strict else '>='} {low}")
 
 
 @dataclass(frozen=True)
-class SearchSettings:
-    """Everything a study needs. See ``python -m tuner.search --help`` for each field."""
+class EvalSettings:
+    """What to evaluate on; shared by ``tuner.search`` and ``tuner.evaluate``."""
 
-    model: str = DEFAULT_MODEL
-    task: str = "qa"
-    language: str = "en"
-    n_trials: int = 16
-    timeout: float | None = 1200.0
-    study_name: str | None = None
-    storage: str | None = None
-    # TPE: benchmarks/sampler_choice.py favoured GP on hypervolume, but GP models only the fixed
-    # parameters of a define-by-run space and collapsed onto keep-all in a real study (see README)
-    sampler: str = "tpe"
-    seed: int = 0
-    search_space: str = "stages"
-    max_prompt_tokens: int = 1024
-    n_examples: int | None = 1
-    max_new_tokens: int | None = 32
-    max_accuracy_loss: float = 2.0
-    data_dir: str | None = None
-    output: str = "runs"
-    speedup: str = "measured"
-    split_seed: int = 0
-    heldout: bool = True
-    tracking_uri: str | None = None
-    n_workers: int = 1
-    trust_remote_code: bool = False
-    heartbeat_interval: int = 10
-    heartbeat_grace: int = 60
+    model: str = field(default=DEFAULT_MODEL, metadata=_help("alias, checkpoint folder or hub id"))
+    task: str = field(default="qa", metadata=_help("LongBench category, qa, dataset name or comma list"))
+    language: str = field(default="en", metadata=_help("dataset language", choices=LANGUAGE_FILTERS))
+    split: str = field(default="validation", metadata=_help("which split of each dataset", choices=SPLITS))
+    split_seed: int = field(default=0, metadata=_help("seed of the hashed validation/test split"))
+    n_examples: int | None = field(
+        default=None, metadata=_help("at most this many examples per dataset (null in a preset = all)")
+    )
+    max_prompt_tokens: int = field(
+        default=1024, metadata=_help("prompts longer than this are cut in the middle")
+    )
+    max_new_tokens: int | None = field(
+        default=32, metadata=_help("cap on LongBench's per-dataset answer length (null = LongBench's own)")
+    )
+    data_dir: str | None = field(default=None, metadata=_help("LongBench folder (default: $LONGBENCH_DIR)"))
+    trust_remote_code: bool = field(
+        default=False, metadata=_help("allow a hub model's own Python code to run")
+    )
 
     def __post_init__(self) -> None:
-        if self.n_trials < 1:
-            raise ValueError(f"n_trials = {self.n_trials}: must be >= 1")
-        if self.timeout is not None and self.timeout <= 0:
-            raise ValueError(f"timeout = {self.timeout}: must be > 0 seconds (or null for none)")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"Unknown sampler {self.sampler!r}. Available: {', '.join(SAMPLERS)}")
-        if self.speedup not in SPEEDUP_MODES:
-            raise ValueError(f"speedup = {self.speedup!r}: must be one of {', '.join(SPEEDUP_MODES)}")
-        if self.max_accuracy_loss < 0:
-            raise ValueError(f"max_accuracy_loss = {self.max_accuracy_loss}: must be >= 0 (score points)")
-        if self.max_prompt_tokens < 16:
-            raise ValueError(f"max_prompt_tokens = {self.max_prompt_tokens}: must be >= 16")
+        if self.language not in LANGUAGE_FILTERS:
+            raise ValueError(f"language = {self.language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
+        if self.split not in SPLITS:
+            raise ValueError(f"split = {self.split!r}: must be one of {', '.join(SPLITS)}")
+        resolve_task(self.task, self.language)  # an unknown task fails here, before any state
         if self.n_examples is not None and self.n_examples < 1:
             raise ValueError(f"n_examples = {self.n_examples}: must be >= 1 (or null for all)")
+        if self.max_prompt_tokens < 16:
+            raise ValueError(f"max_prompt_tokens = {self.max_prompt_tokens}: must be >= 16")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(
                 f"max_new_tokens = {self.max_new_tokens}: must be >= 1 (or null for LongBench's)"
             )
+        if not self.model.strip():
+            raise ValueError("model is empty: pass an alias, a checkpoint folder or a hub id")
+
+    @property
+    def model_slug(self) -> str:
+        return _slug(Path(self.model).name or self.model)
+
+    def eval_only(self) -> EvalSettings:
+        """Just the evaluation fields (what the baseline cache and the examples depend on)."""
+        return EvalSettings(**{f.name: getattr(self, f.name) for f in fields(EvalSettings)})
+
+    def with_split(self, split: str) -> EvalSettings:
+        return dataclasses.replace(self.eval_only(), split=split)
+
+
+@dataclass(frozen=True)
+class SearchSettings(EvalSettings):
+    """Everything a study needs. See ``python -m tuner.search --help`` for each field."""
+
+    # search: one validation example per dataset fits the CPU budget (see the module docstring)
+    n_examples: int | None = field(
+        default=1, metadata=_help("validation examples per dataset (null in a preset = all)")
+    )
+    n_trials: int = field(default=16, metadata=_help("finished trials the study should hold"))
+    timeout: float | None = field(
+        default=1200.0, metadata=_help("seconds for this run's trials (null in a preset = none)")
+    )
+    study_name: str | None = field(default=None, metadata=_help("default: <model>-<task>-<search space>"))
+    storage: str | None = field(
+        default=None, metadata=_help("Optuna storage URL (default: sqlite file in the study folder)")
+    )
+    # TPE: benchmarks/sampler_choice.py favoured GP on hypervolume, but GP models only the fixed
+    # parameters of a define-by-run space and collapsed onto keep-all in a real study (see README)
+    sampler: str = field(default="tpe", metadata=_help("Optuna sampler", choices=tuple(sampler_names())))
+    seed: int = field(default=0, metadata=_help("sampler seed"))
+    search_space: str = field(default="stages", metadata=_help("a packaged space name or a YAML path"))
+    max_accuracy_loss: float = field(default=2.0, metadata=_help("loss budget in score points"))
+    output: str = field(default="runs", metadata=_help("results root"))
+    speedup: str = field(
+        default="measured", metadata=_help("measured TTFT or FLOP model", choices=SPEEDUP_MODES)
+    )
+    heldout: bool = field(default=True, metadata=_help("check the recommendation on the test split"))
+    tracking_uri: str | None = field(
+        default=None,
+        metadata=_help("MLflow tracking URI (default: sqlite file in the study folder; 'none' = off)"),
+    )
+    n_workers: int = field(default=1, metadata=_help("local worker processes on this study"))
+    heartbeat_interval: int = field(default=10, metadata=_help("seconds between trial heartbeats"))
+    heartbeat_grace: int = field(
+        default=60, metadata=_help("seconds without a heartbeat before a trial counts as crashed")
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.split != "validation":
+            raise ValueError(f"split = {self.split!r}: a study searches on 'validation' (reports use test)")
+        if self.n_trials < 1:
+            raise ValueError(f"n_trials = {self.n_trials}: must be >= 1")
+        _finite("timeout", self.timeout, low=0, strict=True)
+        check_sampler(self.sampler)
+        if self.speedup not in SPEEDUP_MODES:
+            raise ValueError(f"speedup = {self.speedup!r}: must be one of {', '.join(SPEEDUP_MODES)}")
+        _finite("max_accuracy_loss", self.max_accuracy_loss, low=0)
         if self.n_workers < 1:
             raise ValueError(f"n_workers = {self.n_workers}: must be >= 1")
         if self.heartbeat_interval < 1 or self.heartbeat_grace <= self.heartbeat_interval:
@@ -81,21 +159,22 @@ class SearchSettings:
                 f"heartbeat_interval = {self.heartbeat_interval}, heartbeat_grace = {self.heartbeat_grace}: "
                 "need interval >= 1 and grace > interval (seconds)"
             )
-        if self.language not in ("en", "zh", "all"):
-            raise ValueError(f"language = {self.language!r}: must be en, zh or all")
-        if self.study_name is not None and not _STUDY_NAME.match(self.study_name):
+        if self.study_name is not None and not _NAME.match(self.study_name):
             raise ValueError(
                 f"study_name = {self.study_name!r}: use letters, digits, '_', '-' and '.' (it names a folder)"
             )
 
     @property
     def name(self) -> str:
-        """The study name: given, or derived from model, task and search space."""
+        """The study name: given, or derived from model, task and search space (a path's file stem)."""
         if self.study_name:
             return self.study_name
-        model = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(self.model).name or self.model).strip("-")
-        task = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.task)
-        return f"{model}-{task}-{self.search_space}"
+        space = (
+            Path(self.search_space).stem
+            if self.search_space.endswith((".yaml", ".yml"))
+            else self.search_space
+        )
+        return f"{self.model_slug}-{_slug(self.task)}-{_slug(space)}"
 
     @property
     def study_dir(self) -> Path:
@@ -113,12 +192,60 @@ class SearchSettings:
         return {k: getattr(self, k) for k in keys}
 
 
-def _field_types() -> dict[str, Any]:
-    return {f.name: f.type for f in fields(SearchSettings)}
+@dataclass(frozen=True)
+class EvaluateSettings(EvalSettings):
+    """``python -m tuner.evaluate``: methods compared on a split (test by default)."""
+
+    split: str = field(default="test", metadata=_help("which split of each dataset", choices=SPLITS))
+    schedule: str | None = field(
+        default=None, metadata=_help("LazyLLM schedule JSON (needed by every method but baseline)")
+    )
+    methods: str = field(
+        default="baseline,random,static,compression,lazyllm", metadata=_help("comma list of methods")
+    )
+    seed: int = field(default=0, metadata=_help("seed of the methods that draw at random"))
+    output: str | None = field(
+        default=None, metadata=_help("results folder (default: outputs/evaluate/<model>-<task>-<split>)")
+    )
+    allow_other_model: bool = field(
+        default=False, metadata=_help("use a schedule made for another model of the same depth")
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.method_list:
+            raise ValueError("methods is empty: pass a comma list such as baseline,lazyllm")
+        for method in self.method_list:
+            check_method(method)
+        if self.schedule is None and any(m != "baseline" for m in self.method_list):
+            raise ValueError("--schedule is needed for methods other than baseline")
+
+    @property
+    def method_list(self) -> list[str]:
+        return [m.strip() for m in self.methods.split(",") if m.strip()]
+
+    @property
+    def out_dir(self) -> Path:
+        """``output``, or a folder derived from model, task and split (runs never overwrite each other)."""
+        if self.output:
+            return Path(self.output)
+        return Path("outputs") / "evaluate" / f"{self.model_slug}-{_slug(self.task)}-{self.split}"
 
 
-def load_preset(name_or_path: str) -> dict[str, Any]:
-    """Read a preset: a name under ``studies/`` (``qa`` -> ``studies/qa.yaml``) or a YAML path."""
+S = TypeVar("S", bound=EvalSettings)
+_PRESET_CLASSES: tuple[type[EvalSettings], ...] = (SearchSettings, EvaluateSettings)
+
+
+def _field_names(cls: type[EvalSettings]) -> set[str]:
+    return {f.name for f in fields(cls)}
+
+
+def load_preset(name_or_path: str, cls: type[EvalSettings] = SearchSettings) -> dict[str, Any]:
+    """Read a preset: a name under ``studies/`` (``qa`` -> ``studies/qa.yaml``) or a YAML path.
+
+    A preset may hold any setting of the search or of the evaluation CLI; ``cls`` keeps the ones it
+    has (so one preset describes the same examples to both). A key neither knows is an error.
+    """
     path = Path(name_or_path)
     if not path.suffix:
         path = STUDIES_DIR / f"{name_or_path}.yaml"
@@ -129,25 +256,77 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         )
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"preset {path} is not valid YAML: {exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"preset {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"preset {path} must be a mapping of setting: value")
-    unknown = set(data) - set(_field_types())
+    known = set().union(*(_field_names(c) for c in _PRESET_CLASSES))
+    unknown = set(map(str, data)) - known
     if unknown:
         raise ValueError(
-            f"preset {path}: unknown setting(s) {sorted(unknown)}; valid: {', '.join(sorted(_field_types()))}"
+            f"preset {path}: unknown setting(s) {sorted(unknown)}; valid: {', '.join(sorted(known))}"
         )
-    return dict(data)
+    mine = _field_names(cls)
+    return {k: v for k, v in data.items() if k in mine}
 
 
-def resolve_settings(preset: str | None, overrides: Mapping[str, Any]) -> SearchSettings:
+def resolve_settings(
+    preset: str | None,
+    overrides: Mapping[str, Any],
+    cls: type[S] = SearchSettings,  # type: ignore[assignment]
+) -> S:
     """Defaults, then the preset, then the CLI ``overrides`` (None values mean "not given")."""
     values: dict[str, Any] = {}
     if preset:
-        values.update(load_preset(preset))
+        values.update(load_preset(preset, cls))
     values.update({k: v for k, v in overrides.items() if v is not None})
+    for f in fields(cls):
+        if f.name in values:
+            _check_type(f, values[f.name])
     try:
-        return dataclasses.replace(SearchSettings(), **values)
+        return cls(**values)
     except TypeError as exc:
         raise ValueError(f"bad settings: {exc}") from None
+
+
+_SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _base_type(f: dataclasses.Field[Any]) -> tuple[str, bool]:
+    """('int' | 'float' | 'str' | 'bool', nullable) from the field's annotation string."""
+    parts = [p.strip() for p in str(f.type).split("|")]
+    nullable = "None" in parts
+    base = next(p for p in parts if p != "None")
+    return base, nullable
+
+
+def _check_type(f: dataclasses.Field[Any], value: Any) -> None:
+    base, nullable = _base_type(f)
+    if value is None and nullable:
+        return
+    ok = isinstance(value, _SCALARS[base]) and not (base != "bool" and isinstance(value, bool))
+    if not ok:
+        what = f"{base} or null" if nullable else base
+        raise ValueError(f"{f.name} = {value!r}: must be {what}")
+
+
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type[EvalSettings],
+    *,
+    only: set[str] | None = None,
+    exclude: set[str] = frozenset(),  # type: ignore[assignment]
+) -> None:
+    """One ``--flag`` per field of ``cls`` (help and choices from the field); unset flags are None."""
+    for f in fields(cls):
+        if f.name in exclude or (only is not None and f.name not in only):
+            continue
+        base, _ = _base_type(f)
+        flag = "--" + f.name.replace("_", "-")
+        meta = dict(f.metadata)
+        text = f"{meta.get('help', '')} (default: {f.default})"
+        if base == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+            continue
+        kind = {"int": int, "float": float, "str": str}[base]
+        parser.add_argument(flag, type=kind, default=None, choices=meta.get("choices"), help=text)

@@ -33,39 +33,12 @@ from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator, ExampleResult, summarize
+from tuner.samplers import make_sampler
 from tuner.settings import SearchSettings
 from tuner.spaces import SearchSpace
 from tuner.workers import SurplusTrial, is_surplus
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
-
-
-def is_feasible(trial: FrozenTrial) -> bool:
-    """The trial met the accuracy-loss budget (its Optuna constraint ``loss - budget`` is <= 0)."""
-    return bool(trial.constraints) and all(c <= 0 for c in trial.constraints.values())
-
-
-def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSampler:
-    """The sampler by name; startup (random) trials scale with the study size.
-
-    All of them honour the accuracy-loss constraint set with ``trial.set_constraint`` (Optuna >= 5).
-    """
-    startup = max(4, min(10, n_trials // 3))
-    if name == "tpe":
-        with warnings.catch_warnings():  # `group` (needed for define-by-run stages) is experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, group=True, n_startup_trials=startup
-            )
-    if name == "gp":
-        # the stages space is define-by-run: GP models the parameters every trial has and samples
-        # the conditional ones independently (expected, so not warned about on every trial)
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"Unknown sampler {name!r}. Available: tpe, gp, nsga2, random")
 
 
 def optimistic_loss(
@@ -88,32 +61,51 @@ def optimistic_loss(
     return statistics.fmean(baseline_scores.values()) - statistics.fmean(best)
 
 
+@dataclass(frozen=True)
+class BaselineStats:
+    """The unpruned model's LongBench score (0-100) per dataset and its example counts."""
+
+    results: tuple[ExampleResult, ...]
+    scores: dict[str, float]
+    counts: dict[str, int]
+
+    @classmethod
+    def of(cls, results: Sequence[ExampleResult]) -> BaselineStats:
+        if not results:
+            raise ValueError("the baseline has no examples")
+        by: dict[str, list[float]] = {}
+        for r in results:
+            by.setdefault(r.dataset, []).append(r.score)
+        return cls(
+            results=tuple(results),
+            scores={d: 100.0 * statistics.fmean(s) for d, s in by.items()},
+            counts={d: len(s) for d, s in by.items()},
+        )
+
+
 @dataclass
 class StudyRunner:
-    """Runs the trials of one study (one per process; no state shared between trials but the cache)."""
+    """Runs the trials of one study (one per process; no state shared between trials but the cache).
+
+    Cheap to build: the baseline is computed (or read from its cache) beforehand and passed in.
+    """
 
     settings: SearchSettings
     model: Any
     tokenizer: Any
     evaluator: Evaluator
     space: SearchSpace
+    baseline: BaselineStats
 
     def __post_init__(self) -> None:
         self.num_layers = int(self.model.config.num_hidden_layers)
         self.dims = ModelDims.from_config(self.model.config)
         self.prompt_tokens = round(statistics.fmean(len(e.input_ids) for e in self.evaluator.examples))
-        baseline = self.evaluator.baseline_results()
-        self.baseline = baseline
-        by: dict[str, list[float]] = {}
-        for b in baseline:
-            by.setdefault(b.dataset, []).append(b.score)
-        self.baseline_scores = {d: 100.0 * statistics.fmean(s) for d, s in by.items()}
-        self.counts = {d: len(s) for d, s in by.items()}
 
     def early_stop(self, results: list[ExampleResult]) -> str | None:
-        if len(results) >= sum(self.counts.values()):
+        if len(results) >= sum(self.baseline.counts.values()):
             return None  # all examples ran: a complete (possibly infeasible) trial, not a pruned one
-        bound = optimistic_loss(results, self.baseline_scores, self.counts)
+        bound = optimistic_loss(results, self.baseline.scores, self.baseline.counts)
         if bound > self.settings.max_accuracy_loss:
             return (
                 f"accuracy loss >= {bound:.2f} after {len(results)} examples even if the rest scored "
@@ -161,7 +153,7 @@ class StudyRunner:
         if reason:
             trial.set_user_attr("stopped_early", reason)
             raise optuna.TrialPruned(reason)
-        summary = summarize(results, self.baseline)
+        summary = summarize(results, self.baseline.results)
         loss = float(summary["accuracy_loss"])
         measured = float(summary["ttft_speedup"])
         trial.set_user_attr("measured_ttft_speedup", measured)
@@ -264,11 +256,9 @@ def schedule_of(trial: FrozenTrial, model: str) -> Schedule:
     return Schedule(model=model, percentiles=tuple(trial.user_attrs["percentiles"]))
 
 
-def pareto_trials(study: optuna.Study, feasible_only: bool = False) -> list[FrozenTrial]:
+def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     """Non-dominated complete trials (speedup up, loss down), sorted by speedup descending."""
     trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
-    if feasible_only:
-        trials = [t for t in trials if is_feasible(t)]
     front = [
         t
         for t in trials

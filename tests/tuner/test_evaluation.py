@@ -12,7 +12,8 @@ from lazyllm.methods import make_method
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner import evaluate as evaluate_cli
-from tuner.evaluation import EvalConfig, Evaluator, build_examples, summarize, write_results
+from tuner.evaluation import Evaluator, build_examples, summarize, write_results
+from tuner.settings import EvalSettings
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +23,11 @@ def loaded(tiny_folder: Path) -> tuple[Any, Any]:
     return load_model(str(tiny_folder), device="cpu")
 
 
-def config(**kw: Any) -> EvalConfig:
+def config(**kw: Any) -> EvalSettings:
     base: dict[str, Any] = dict(
         task="qa", n_examples=1, max_prompt_tokens=256, max_new_tokens=4, data_dir=longbench_dir()
     )
-    return EvalConfig(**{**base, **kw})
+    return EvalSettings(**{**base, **kw})
 
 
 def test_examples_follow_longbench_rules(loaded: tuple[Any, Any]) -> None:

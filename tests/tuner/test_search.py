@@ -12,9 +12,9 @@ import pytest
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner.evaluation import ExampleResult
-from tuner.search import main, settings_from_args
+from tuner.search import main, parse_settings
 from tuner.settings import SearchSettings, resolve_settings
-from tuner.study import StudyRunner, optimistic_loss
+from tuner.study import BaselineStats, StudyRunner, optimistic_loss
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
@@ -96,7 +96,7 @@ def test_bad_inputs_fail_fast(
 def test_settings_precedence(tmp_path: Path) -> None:
     preset = tmp_path / "p.yaml"
     preset.write_text("n_trials: 5\nsampler: nsga2\nmax_prompt_tokens: 512\n")
-    s = settings_from_args(["--preset", str(preset), "--n-trials", "7"])
+    s = parse_settings(["--preset", str(preset), "--n-trials", "7"])
     assert (s.n_trials, s.sampler, s.max_prompt_tokens, s.task) == (7, "nsga2", 512, SearchSettings().task)
     assert resolve_settings("qa", {}).task == "qa"
     bad = tmp_path / "bad.yaml"
@@ -128,8 +128,7 @@ def test_early_stop_rule_and_pruned_trials(
     tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runner = SimpleNamespace(
-        baseline_scores={"a": 50.0, "b": 100.0},
-        counts={"a": 2, "b": 2},
+        baseline=BaselineStats(results=(), scores={"a": 50.0, "b": 100.0}, counts={"a": 2, "b": 2}),
         settings=SimpleNamespace(max_accuracy_loss=10.0),
     )
     assert StudyRunner.early_stop(runner, [_result("b", 0.0)]) is None  # type: ignore[arg-type]

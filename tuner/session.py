@@ -1,0 +1,196 @@
+"""One study run: check everything cheap, open the study and its tracking, run trials in one or many
+workers, export the front, run the held-out check.
+
+Order matters (nothing is written before every check that needs no model has passed): settings are
+validated when built, then the output folder, the search space, the LongBench data folder and the
+tracking server are checked; only then is the model loaded, the study created and the baseline
+computed. ``tuner.search`` parses flags and calls :func:`run_study`; local worker processes
+(``--n-workers``) call :func:`run_worker`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from tqdm.auto import tqdm
+
+from lazyllm.models import load_model
+from lazyllm.schedule import Schedule
+from tuner.evaluation import Evaluator
+from tuner.heldout import heldout_check
+from tuner.longbench import data_dir, load_task
+from tuner.results import export_study
+from tuner.settings import SearchSettings
+from tuner.spaces import load_space
+from tuner.study import (
+    BaselineStats,
+    StudyRunner,
+    finished_trials,
+    open_study,
+    pareto_trials,
+    study_lock,
+    warm_start,
+)
+from tuner.tracking import Tracker, check_reachable, default_tracking_uri, wanted
+from tuner.workers import run_trials, worker_device, worker_threads
+
+
+class Progress:
+    """Optuna callback: trial k/N, its values, the current Pareto front and the time left."""
+
+    def __init__(self, target: int, timeout: float | None) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.start = time.monotonic()
+        self.durations: list[float] = []
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        done = finished_trials(study)
+        if trial.duration is not None:
+            self.durations.append(trial.duration.total_seconds())
+        per = statistics.median(self.durations) if self.durations else 0.0
+        left = max(0, self.target - done) * per
+        if self.timeout is not None:
+            left = min(left, max(0.0, self.timeout - (time.monotonic() - self.start)))
+        if trial.values:
+            what = f"speedup {trial.values[0]:.2f}x, loss {trial.values[1]:.2f}"
+        else:
+            what = f"{trial.state.name.lower()}: {trial.user_attrs.get('stopped_early', '')}"
+        front = ", ".join(
+            f"#{t.number} {t.values[0]:.2f}x/{t.values[1]:.2f}" for t in pareto_trials(study)[:6]
+        )
+        tqdm.write(
+            f"[trial {done}/{self.target}] #{trial.number} {what} | front: {front} | ~{left / 60:.1f} min left"
+        )
+
+
+def preflight(settings: SearchSettings) -> None:
+    """Every check that needs no model and writes nothing: data, search space, tracking server."""
+    load_space(settings.search_space)  # an unknown or malformed space fails here
+    load_task(settings.task, settings.language, data_dir(settings.data_dir))  # data present and readable
+    if wanted(settings):
+        check_reachable(settings.tracking_uri or default_tracking_uri(settings))
+
+
+def check_output(settings: SearchSettings) -> None:
+    folder = settings.study_dir
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"output folder {folder} is not writable ({exc.strerror}); pass --output DIR"
+        ) from None
+
+
+@dataclass
+class Session:
+    """What one process needs to run trials: model, study, tracker, evaluator and the trial runner."""
+
+    settings: SearchSettings
+    model: Any
+    tokenizer: Any
+    study: optuna.Study
+    tracker: Tracker | None
+    evaluator: Evaluator
+    runner: StudyRunner
+    tracking_uri: str
+
+    def callbacks(self) -> list[Any]:
+        return [
+            Progress(self.settings.n_trials, self.settings.timeout),
+            *([self.tracker.callback] if self.tracker else []),
+        ]
+
+    def run_trials(self) -> str:
+        return run_trials(self.settings, self.study, self.runner.objective, self.callbacks())
+
+
+def open_session(settings: SearchSettings, *, device: str | None = None, progress: bool = True) -> Session:
+    """Load the model, open (or create) the study and its tracking, compute or read the baseline."""
+    space = load_space(settings.search_space)
+    tracking_uri = settings.tracking_uri or default_tracking_uri(settings)
+    model, tokenizer = load_model(settings.model, device=device, trust_remote_code=settings.trust_remote_code)
+    layers = int(model.config.num_hidden_layers)
+    evaluator = Evaluator(model, tokenizer, settings, settings.study_dir / "cache", progress=progress)
+    with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
+        study = open_study(settings, layers)  # fails fast on an unreachable storage or a mismatched study
+        tracker = Tracker(tracking_uri, settings, study) if wanted(settings) else None
+        warm_start(study, space, layers)
+    baseline = BaselineStats.of(evaluator.baseline_results())  # computed once, then read from the cache
+    runner = StudyRunner(settings, model, tokenizer, evaluator, space, baseline)
+    return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri)
+
+
+def run_worker(settings: SearchSettings, worker_id: int) -> str:
+    """Entry point of a local worker process (``--n-workers``)."""
+    import torch
+
+    torch.set_num_threads(worker_threads(settings.n_workers))
+    return open_session(settings, device=worker_device(worker_id), progress=False).run_trials()
+
+
+def _run_local_workers(settings: SearchSettings) -> None:
+    from joblib import Parallel, delayed
+    from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+    try:
+        Parallel(n_jobs=settings.n_workers, backend="loky")(
+            delayed(run_worker)(settings, i) for i in range(settings.n_workers)
+        )
+    except TerminatedWorkerError as exc:
+        print(f"a worker died ({str(exc).splitlines()[0]}); finishing the study here", file=sys.stderr)
+
+
+def run_study(settings: SearchSettings) -> int:
+    """The whole search: checks, study, trials, export, held-out check, tracking. Returns 0."""
+    preflight(settings)
+    check_output(settings)
+    session = open_session(settings)
+    study, tracker, evaluator = session.study, session.tracker, session.evaluator
+    print(
+        f"study {settings.name}: {len(evaluator.examples)} validation examples of {settings.task}, "
+        f"storage {settings.storage_url}, {finished_trials(study)}/{settings.n_trials} trials finished, "
+        f"{settings.n_workers} worker(s)"
+    )
+    if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
+        _run_local_workers(settings)
+    session.run_trials()
+    exported = export_study(study, settings.study_dir, settings.max_accuracy_loss)
+    print(f"\nPareto front ({len(exported['front'])} trials; speedup = {settings.speedup}):")
+    for row in exported["front"]:
+        print(f"  trial {row['trial']:>3}: speedup {row['speedup']:.2f}x, accuracy loss {row['accuracy_loss']:.2f}, "
+              f"FLOP model {row['flop_speedup']:.2f}x, {row['prompt_computed_pct']:.1f}% computed")  # fmt: skip
+    recommended = Schedule.load(exported["recommended"]) if exported["recommended"] else None
+    if settings.heldout:
+        report = heldout_check(settings, session.model, session.tokenizer, evaluator, recommended)
+        (settings.study_dir / "heldout.json").write_text(json.dumps(report, indent=2) + "\n")
+        print("\nHeld-out check (test split; hand-made schedule picked on validation):")
+        for r in report["rows"]:
+            print(f"  {r['schedule']}: validation {r['validation_speedup']:.2f}x / loss {r['validation_loss']:.2f} "
+                  f"(n={r['n_validation']}); test {r['test_speedup']:.2f}x / loss {r['test_loss']:.2f} "
+                  f"(score {r['test_score']:.2f} vs {r['test_baseline_score']:.2f}, n={r['n_test']})")  # fmt: skip
+    if tracker is not None:
+        d = settings.study_dir
+        files = [d / n for n in ("pareto.json", "pareto.csv", "pareto.png", "pareto.html", "keep_curves.png",
+                                 "keep_curves.html", "recommended.json", "heldout.json", "pareto")]  # fmt: skip
+        best = exported["front"][0] if exported["front"] else None
+        headline = (
+            {"best_speedup": best["speedup"], "best_speedup_loss": best["accuracy_loss"]} if best else {}
+        )
+        headline["n_trials"] = float(finished_trials(study))
+        tracker.log_study(files, headline)
+        print(f"MLflow: parent run {tracker.parent_id} at {session.tracking_uri}")
+    print(f"\nresults: {settings.study_dir}/ (recommended.json, pareto/, pareto.png, keep_curves.png)")
+    if exported["recommended"]:
+        print(f"load it: Schedule.load({str(exported['recommended'])!r})")
+    return 0
