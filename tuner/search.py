@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from lazyllm.cli import cli_main
+from tuner.redact import redact
 from tuner.settings import EvalSettings, SearchSettings, add_flags, resolve_settings
 
 RESUME_HINT = "interrupted: finished trials are saved; rerun the same command to resume"
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_study(settings_from_args(args))
 
-    return cli_main(_parser(), run, argv, interrupted=RESUME_HINT)
+    return cli_main(_parser(), run, argv, interrupted=RESUME_HINT, redact=redact)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator
 from tuner.heldout import heldout_check
 from tuner.longbench import data_dir, load_task
+from tuner.redact import redact
 from tuner.results import export_study
 from tuner.settings import SearchSettings
 from tuner.spaces import load_space
@@ -159,7 +160,7 @@ def run_study(settings: SearchSettings) -> int:
     study, tracker, evaluator = session.study, session.tracker, session.evaluator
     print(
         f"study {settings.name}: {len(evaluator.examples)} validation examples of {settings.task}, "
-        f"storage {settings.storage_url}, {finished_trials(study)}/{settings.n_trials} trials finished, "
+        f"storage {redact(settings.storage_url)}, {finished_trials(study)}/{settings.n_trials} trials finished, "
         f"{settings.n_workers} worker(s)"
     )
     if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
