@@ -24,8 +24,9 @@ from lazyllm.cli import cli_main
 from lazyllm.methods import make_method
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
+from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator, ExampleResult, summarize, write_results
-from tuner.longbench import DATASETS, data_dir
+from tuner.longbench import DATASETS
 from tuner.metrics import task_score
 from tuner.settings import EvaluateSettings, add_flags, resolve_settings
 
@@ -118,7 +119,7 @@ def settings_from_args(args: argparse.Namespace) -> EvaluateSettings:
 def evaluate(settings: EvaluateSettings) -> int:
     """Evaluate every method of ``settings`` and write the report; returns 0."""
     schedule = Schedule.load(settings.schedule) if settings.schedule else None
-    data_dir(settings.data_dir)  # a missing data folder fails before the model loads
+    resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # before the model loads
     out = settings.out_dir
     out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model(settings.model, trust_remote_code=settings.trust_remote_code)

@@ -32,13 +32,12 @@ from tqdm.auto import tqdm
 import lazyllm
 from lazyllm.engine import GenerationResult
 from lazyllm.methods import Generator, make_method
+from tuner.datasource import resolve_source
 from tuner.longbench import (
     DATASETS,
     build_prompt,
-    data_dir,
-    load_prompt_config,
-    load_task,
     max_new_tokens,
+    resolve_task,
     split_records,
     truncate_middle,
 )
@@ -79,9 +78,9 @@ def _encode(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> list[int]
 
 def build_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
     """Load, split, cut and encode the examples of ``config.task`` (datasets in task order)."""
-    folder = data_dir(config.data_dir)
-    records = load_task(config.task, config.language, folder)
-    prompts = load_prompt_config(folder)
+    source = resolve_source(config.data_dir)
+    records = source.load_task(config.task, config.language)
+    prompts = source.prompt_config()
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     examples: list[Example] = []
     for dataset, recs in records.items():
@@ -111,21 +110,14 @@ def build_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
                 )
             )
     if not examples:
-        raise ValueError(f"task {config.task!r} has no {config.split} examples in {folder}")
+        raise ValueError(f"task {config.task!r} has no {config.split} examples in {source.describe()}")
     return examples
 
 
 def data_fingerprint(config: EvalSettings) -> str:
-    """Digest of the data files a task reads (size + mtime would miss an edited copy; hash contents)."""
-    folder = data_dir(config.data_dir)
-    h = hashlib.sha256()
-    for name in sorted(load_task(config.task, config.language, folder)):
-        h.update(name.encode())
-        h.update(hashlib.sha256((folder / f"{name}.jsonl").read_bytes()).digest())
-    for extra in ("dataset2prompt.json", "dataset2maxlen.json"):
-        path = folder / extra
-        h.update(path.read_bytes() if path.exists() else b"-")
-    return h.hexdigest()[:16]
+    """Digest of the data a task reads (contents, not size + mtime, which would miss an edited copy)."""
+    source = resolve_source(config.data_dir)
+    return source.fingerprint([spec.name for spec in resolve_task(config.task, config.language)])
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
   template or not, stop at newline, score the first line only).
 * :func:`resolve_task` turns a task string (a category, ``qa``, a dataset, or a comma list of these)
   into specs; :func:`load_task` loads their records from a folder laid out like LongBench's ``data/``
-  (one ``<dataset>.jsonl`` per dataset), :func:`load_from_hub` from the Hugging Face hub.
+  (one ``<dataset>.jsonl`` per dataset); :mod:`tuner.datasource` adds the Hugging Face hub's mirror.
 * :func:`split_records` splits records deterministically into a ``validation`` part (the tuner's
   objective) and a disjoint ``test`` part (held-out reporting).
 * :class:`PromptConfig` holds LongBench's ``dataset2prompt.json`` / ``dataset2maxlen.json``;
@@ -36,8 +36,6 @@ CATEGORIES: tuple[str, ...] = (
 )
 LANGUAGES: tuple[str, ...] = ("en", "zh")
 LANGUAGE_FILTERS: tuple[str, ...] = ("en", "zh", "all")
-HUB_REPO = "Xnhyacinth/LongBench"
-"""Parquet mirror of THUDM/LongBench (the original script-based dataset no longer loads with datasets>=4)."""
 
 
 @dataclass(frozen=True)
@@ -327,15 +325,6 @@ def load_task(task: str, language: str, folder: str | Path) -> dict[str, list[Re
         files = ", ".join(f"{spec.name}.jsonl" for spec in specs)
         raise ValueError(f"no data for task {task!r} in {folder}: looked for {files}")
     return loaded
-
-
-def load_from_hub(dataset: str) -> list[Record]:
-    """Download one dataset's test set from the Hugging Face hub (:data:`HUB_REPO`, needs network)."""
-    _check_dataset(dataset)
-    from datasets import load_dataset  # heavy import, only on this path
-
-    rows = load_dataset(HUB_REPO, dataset, split="test")
-    return [_record_from_obj(dict(row), dataset, f"{HUB_REPO}/{dataset}[{i}]") for i, row in enumerate(rows)]
 
 
 # --------------------------------------------------------------------------------------------------

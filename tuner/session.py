@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
+from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator
 from tuner.heldout import heldout_check
-from tuner.longbench import data_dir, load_task
 from tuner.redact import redact
 from tuner.results import export_study
 from tuner.settings import SearchSettings
@@ -75,7 +75,7 @@ class Progress:
 def preflight(settings: SearchSettings) -> None:
     """Every check that needs no model and writes nothing: data, search space, tracking server."""
     load_space(settings.search_space)  # an unknown or malformed space fails here
-    load_task(settings.task, settings.language, data_dir(settings.data_dir))  # data present and readable
+    resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
     if wanted(settings):
         check_reachable(settings.tracking_uri or default_tracking_uri(settings))
 
