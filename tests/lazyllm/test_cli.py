@@ -1,0 +1,67 @@
+"""lazyllm.cli.cli_main: the one error wrapper of every entry point."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from lazyllm.cli import cli_main, one_line
+from lazyllm.models import ModelLoadError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="x")
+    p.add_argument("--n", type=int, default=1)
+    return p
+
+
+def _raise(exc: BaseException):  # type: ignore[no-untyped-def]
+    def run(args: argparse.Namespace) -> int:
+        raise exc
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("exc", "line"),
+    [
+        (ValueError("n = 0: must be >= 1\nsecond line"), "error: n = 0: must be >= 1"),
+        (ModelLoadError("cannot fetch 'm'; pass a folder"), "error: cannot fetch 'm'; pass a folder"),
+        (
+            FileNotFoundError(2, "No such file or directory", "s.json"),
+            "error: s.json: No such file or directory",
+        ),
+        (ValueError(""), "error: ValueError"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2(
+    exc: BaseException, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(_parser(), _raise(exc), []) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+def test_debug_shows_the_traceback_and_bugs_keep_theirs(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="bad"):
+        cli_main(_parser(), _raise(ValueError("bad")), ["--debug"])
+    monkeypatch.setenv("LAZYLLM_DEBUG", "1")
+    with pytest.raises(ValueError, match="bad"):
+        cli_main(_parser(), _raise(ValueError("bad")), [])
+    monkeypatch.delenv("LAZYLLM_DEBUG")
+    with pytest.raises(KeyError):  # not the user's input: a bug, shown as such
+        cli_main(_parser(), _raise(KeyError("x")), [])
+
+
+def test_interrupt_and_success(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(_parser(), _raise(KeyboardInterrupt()), [], interrupted="stopped; rerun to resume") == 130
+    assert capsys.readouterr().err.strip() == "stopped; rerun to resume"
+    assert cli_main(_parser(), lambda args: args.n + 6, ["--n", "1"]) == 7
+
+
+def test_secrets_are_masked_in_the_line(capsys: pytest.CaptureFixture[str]) -> None:
+    exc = ValueError("cannot open postgresql://bob:hunter2@db/optuna: timeout")
+    assert cli_main(_parser(), _raise(exc), [], redact=lambda s: s.replace("hunter2", "***")) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "bob:***@db" in err
+    assert one_line(exc) == "cannot open postgresql://bob:hunter2@db/optuna: timeout"
