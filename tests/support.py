@@ -89,3 +89,16 @@ def hf_greedy(model: Any, ids: torch.Tensor, n: int, **kwargs: Any) -> Any:
 def longbench_dir() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     return os.environ.get("LONGBENCH_DIR") or os.path.join(here, "..", "..", "shared", "data", "longbench")
+
+
+def assert_evaluated_once(trials: list[Any]) -> None:
+    """No schedule was evaluated twice: finished trials with the same percentiles are marked as
+    duplicates of an earlier one (they reuse its result) rather than run again."""
+    seen: dict[tuple[float, ...], int] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        key = tuple(t.user_attrs["percentiles"])
+        if key in seen:
+            assert t.user_attrs.get("duplicate_of") == seen[key], (t.number, key)
+        else:
+            assert "duplicate_of" not in t.user_attrs, t.number
+            seen[key] = t.number

@@ -20,7 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from tests.support import longbench_dir
+from tests.support import assert_evaluated_once, longbench_dir
 from tuner.search import main
 from tuner.tracking import EXPERIMENT
 
@@ -109,7 +109,7 @@ def test_three_workers_two_trials_each(tiny_folder: Path, tmp_path: Path, pg_url
     study = optuna.load_study(study_name="pg", storage=pg_url)
     finished = [t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 6 and all(t.state == TrialState.COMPLETE for t in finished)
-    assert len({t.number for t in finished}) == 6
+    assert_evaluated_once(finished)
     others = [t for t in study.get_trials() if t not in finished]
     assert all(t.state == TrialState.FAIL and t.user_attrs.get("surplus") for t in others)
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'pg' / 'mlflow.db'}")
