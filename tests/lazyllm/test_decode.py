@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
@@ -166,3 +167,37 @@ def test_stop_rules(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
         engine.generate(ids, stop_strings=["\n"])
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate(ids, max_new_tokens=0)
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts tensor reads that make the host wait for the device (each one stalls a GPU)."""
+
+    READS = frozenset({"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero", "numpy"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(func, "__name__", "") in self.READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("revival", ["dynamic", "frozen"])
+def test_decoding_without_revival_reads_the_device_once_per_step(
+    revival: str, model_pair: Callable[[str], tuple[Any, Any]]
+) -> None:
+    """Keep-all (any policy) and frozen decoding: the next token is the only host read of a step."""
+    sdpa, _ = model_pair("llama")
+    schedules = [Schedule.keep_all("tiny-llama", 5).with_revival(revival)]
+    if revival == "frozen":
+        schedules.append(Schedule("tiny-llama", (0.0, 50.0, 0.0, 50.0, 0.0), revival="frozen"))
+    for schedule in schedules:
+        engine = LazyLLM(sdpa, schedule)
+        reads = []
+        for steps in (3, 7):
+            with _HostReads() as counter:
+                engine.generate(prompt(30), max_new_tokens=steps, eos_token_id=[])
+            reads.append(counter.count)
+        assert reads[1] - reads[0] == 4, (schedule, reads)
