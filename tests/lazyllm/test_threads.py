@@ -13,7 +13,7 @@ from lazyllm.schedule import Schedule
 from lazyllm.selectors import AttentionSelector, TokenSelector
 from tests.support import prompt
 
-TIMEOUT_S = 60.0
+TIMEOUT_S = 20.0
 
 
 class _Meeting(AttentionSelector):
@@ -76,8 +76,8 @@ def test_two_generations_at_once_equal_one_after_the_other(
         finally:
             release.set()
 
-    threads = [threading.Thread(target=generate, args=(i,)) for i in range(2)]
-    threads.append(threading.Thread(target=plain))
+    threads = [threading.Thread(target=generate, args=(i,), daemon=True) for i in range(2)]
+    threads.append(threading.Thread(target=plain, daemon=True))
     for t in threads:
         t.start()
     for t in threads:
