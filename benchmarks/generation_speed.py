@@ -1,12 +1,18 @@
-"""Whole-generation speed of LazyLLM against the unpruned model: paired, interleaved timing.
+"""Whole-generation speed of LazyLLM against transformers' own cached decoding: paired, interleaved timing.
 
-    python benchmarks/generation_speed.py [--model smollm2-135m] [--tokens 2048] [--new-tokens 64] [--rounds 3]
+    python benchmarks/generation_speed.py [--model smollm2-135m] [--tokens 2048] [--new-tokens 64 256]
+        [--rounds 3] [--policies dynamic frozen budget:32] [--json out.json]
 
 A real LongBench context (multi_news) cut to ``--tokens`` tokens; exactly ``--new-tokens`` greedy
-tokens (EOS ignored). Each round runs the unpruned engine and every schedule once, in shuffled order.
-Reported per schedule: median paired TTFT speedup and total-generation speedup, decode ms/token
-((total - TTFT) / (new tokens - 1)), share of prompt (token, layer) pairs computed over the whole
-generation, and the Aux Cache high-water mark.
+tokens (EOS ignored). The baseline ("unpruned") is ``model.generate`` with its KV cache; its TTFT is
+read by a streamer when the first new token arrives. Each round runs the baseline, the keep-all
+engine and every schedule under every revival policy once, in shuffled order; every ratio is taken
+within a round and summarised by its median (and min-max over rounds).
+
+Reported per method: TTFT speedup and total speedup over the baseline, decode ms/token
+((total - TTFT) / (new tokens - 1), median), share of prompt (token, layer) pairs computed over the
+whole generation, revived (token, layer) pairs per decoding step, and whether the tokens equal the
+baseline's.
 """
 
 from __future__ import annotations
@@ -17,13 +23,17 @@ import os
 import random
 import statistics
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from lazyllm import LazyLLM, Schedule, load_model
-from lazyllm.engine import GenerationResult
-from lazyllm.timing import paired_ratio
+from lazyllm.timing import synchronize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prefill_speed import schedules
@@ -42,50 +52,131 @@ def prompt_ids(tokenizer: object, n: int) -> torch.Tensor:
     return torch.tensor([ids[:n]])
 
 
+@dataclass(frozen=True)
+class Run:
+    """One timed generation."""
+
+    ttft_s: float
+    total_s: float
+    tokens: list[int]
+    prompt_computed: float = 1.0
+    revived_per_step: float = 0.0
+
+
+class _FirstToken(BaseStreamer):
+    """Records when transformers' generate emits its first new token (the first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first: float | None = None
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def transformers_run(model: Any, ids: torch.Tensor, new_tokens: int) -> Run:
+    streamer = _FirstToken()
+    synchronize(ids.device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            streamer=streamer,
+        )
+    synchronize(ids.device)
+    total = time.perf_counter() - t0
+    assert streamer.first is not None
+    return Run(streamer.first - t0, total, out[0, ids.shape[1] :].tolist())
+
+
+def engine_run(engine: LazyLLM, ids: torch.Tensor, new_tokens: int) -> Run:
+    r = engine.generate(ids, max_new_tokens=new_tokens, eos_token_id=[])
+    return Run(r.ttft_s, r.total_s, r.token_ids, r.prompt_computed_fraction, r.revived_pairs / max(1, new_tokens - 1))
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--policies", nargs="+", default=["dynamic", "frozen", "budget:32"])
+    parser.add_argument("--only", nargs="*", help="methods to run besides the baseline (default: all)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
     layers = int(model.config.num_hidden_layers)
-    ids = prompt_ids(tokenizer, args.tokens)
-    engines = {"unpruned": LazyLLM(model, Schedule.keep_all(args.model, layers))}
-    engines.update({k: LazyLLM(model, s) for k, s in schedules(args.model, layers).items()})
-    engines["unpruned"].generate(ids, max_new_tokens=2, eos_token_id=[])  # warm-up
-    results: dict[str, list[GenerationResult]] = {k: [] for k in engines}
-    rng = random.Random(0)
-    for _ in range(args.rounds):
-        order = list(engines)
-        rng.shuffle(order)
-        for k in order:
-            results[k].append(engines[k].generate(ids, max_new_tokens=args.new_tokens, eos_token_id=[]))
-    base = results["unpruned"]
-    print(
-        f"model {args.model}, prompt {ids.shape[1]} tokens, {args.new_tokens} new tokens, {args.rounds} paired rounds"
-    )
-    print(
-        f"{'schedule':<24}{'TTFT x':>8}{'total x':>9}{'decode ms/tok':>15}{'prompt computed':>17}{'Aux peak':>12}"
-    )
+    ids = prompt_ids(tokenizer, args.tokens).to(next(model.parameters()).device)
+    engines = {"keep-all engine": LazyLLM(model, Schedule.keep_all(args.model, layers))}
+    for name, schedule in schedules(args.model, layers).items():
+        for policy in args.policies:
+            engines[f"{name} {policy}"] = LazyLLM(model, schedule.with_revival(policy))
+    if args.only:
+        engines = {k: e for k, e in engines.items() if k in args.only}
+    rng = random.Random(args.seed)
     rows = []
-    for k, rs in results.items():
-        decode = statistics.median((r.total_s - r.ttft_s) / (len(r.token_ids) - 1) for r in rs) * 1000
-        row = {
-            "schedule": k,
-            "ttft_speedup": paired_ratio([b.ttft_s for b in base], [r.ttft_s for r in rs]),
-            "total_speedup": paired_ratio([b.total_s for b in base], [r.total_s for r in rs]),
-            "decode_ms_per_token": decode,
-            "prompt_computed_pct": 100 * rs[-1].prompt_computed_fraction,
-            "aux_peak_mib": rs[-1].aux_peak_bytes / 2**20,
-            "same_tokens_as_unpruned": rs[-1].token_ids == base[-1].token_ids,
+    for new_tokens in args.new_tokens:
+        runs: dict[str, Callable[[], Run]] = {
+            "unpruned": lambda n=new_tokens: transformers_run(model, ids, n)
         }
-        rows.append(row)
-        print(f"{k:<24}{row['ttft_speedup']:>7.2f}x{row['total_speedup']:>8.2f}x{decode:>15.1f}"
-              f"{row['prompt_computed_pct']:>16.1f}%{row['aux_peak_mib']:>9.1f} MiB")  # fmt: skip
+        runs |= {k: (lambda e=e, n=new_tokens: engine_run(e, ids, n)) for k, e in engines.items()}
+        transformers_run(model, ids, 2)  # warm-up
+        engines_list = list(engines.values())
+        if engines_list:
+            engine_run(engines_list[0], ids, 2)
+        results: dict[str, list[Run]] = {k: [] for k in runs}
+        for _ in range(args.rounds):
+            order = list(runs)
+            rng.shuffle(order)
+            for k in order:
+                results[k].append(runs[k]())
+        base = results["unpruned"]
+        print(
+            f"\nmodel {args.model}, prompt {ids.shape[1]} tokens, {new_tokens} new tokens, "
+            f"{args.rounds} paired rounds, threads {torch.get_num_threads()}; median [min-max] over rounds"
+        )
+        print(
+            f"| {'method':<30} | {'TTFT x':<17} | {'total x':<17} | decode ms/tok | prompt pairs % "
+            "| revived/step | same tokens |"
+        )
+        print(f"|{'-' * 32}|{'-' * 19}|{'-' * 19}|---------------|----------------|--------------|-------------|")
+        for k, rs in results.items():
+            ttft = [b.ttft_s / r.ttft_s for b, r in zip(base, rs)]
+            total = [b.total_s / r.total_s for b, r in zip(base, rs)]
+            decode = statistics.median((r.total_s - r.ttft_s) / (new_tokens - 1) for r in rs) * 1000
+            row = {
+                "method": k,
+                "new_tokens": new_tokens,
+                "rounds": args.rounds,
+                "ttft_speedup": statistics.median(ttft),
+                "ttft_speedup_range": [min(ttft), max(ttft)],
+                "total_speedup": statistics.median(total),
+                "total_speedup_range": [min(total), max(total)],
+                "decode_ms_per_token": decode,
+                "prompt_computed_pct": 100 * rs[-1].prompt_computed,
+                "revived_pairs_per_step": rs[-1].revived_per_step,
+                "same_tokens_as_unpruned": rs[-1].tokens == base[-1].tokens,
+            }
+            rows.append(row)
+            print(f"| {k:<30} | {spread(ttft):<17} | {spread(total):<17} | {decode:>13.1f} "
+                  f"| {row['prompt_computed_pct']:>14.1f} | {row['revived_pairs_per_step']:>12.1f} "
+                  f"| {'yes' if row['same_tokens_as_unpruned'] else 'no':>11} |", flush=True)  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))

@@ -3,17 +3,20 @@
 The engine only: no Optuna or MLflow imports here (those live in :mod:`tuner`).
 """
 
-from lazyllm.engine import LazyLLM, PrefillResult
+from lazyllm.engine import GenerationResult, GenerationTrace, LazyLLM, PrefillResult
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
-from lazyllm.schedule import Schedule, num_pruned
+from lazyllm.schedule import Revival, Schedule, num_pruned
 
 __all__ = [
     "DEFAULT_MODEL",
+    "GenerationResult",
+    "GenerationTrace",
     "LazyLLM",
     "ModelDims",
     "ModelLoadError",
     "PrefillResult",
+    "Revival",
     "Schedule",
     "flop_speedup",
     "load_model",

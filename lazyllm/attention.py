@@ -1,8 +1,12 @@
 """The attention hook of the engine: the model's own kernel plus what LazyLLM needs around it.
 
-The engine switches a model's attention implementation to ``"lazyllm"`` for the duration of a call
-(:func:`lazyllm_attention`). That name is registered with transformers' ``AttentionInterface``; the
-wrapper receives each layer's post-rotary queries, keys and values and
+The engine runs the model's decoder layers through *views* (:func:`lazyllm_layers`): shallow copies
+of each layer and its attention module that share every weight, hook and submodule with the model but
+read a copied config whose attention implementation is ``"lazyllm"``. The model itself, its config
+included, is never touched, so no lock is needed: several threads may run LazyLLM on one model at
+once, and a thread calling the plain model meanwhile gets its ordinary attention. ``"lazyllm"`` is
+registered with transformers' ``AttentionInterface``; the wrapper receives each layer's post-rotary
+queries, keys and values and
 
 * prepends the keys/values the layer computed in earlier steps (the engine's per-layer KV store),
 * computes the last query's attention over the active keys when the layer prunes,
@@ -14,10 +18,9 @@ sdpa and eager accept.
 
 from __future__ import annotations
 
+import copy
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +32,7 @@ from lazyllm.importance import last_query_attention
 
 ATTENTION_NAME = "lazyllm"
 CALL_KWARG = "lazyllm_call"
-_SWITCH_LOCK = threading.RLock()
+SUPPORTED_KERNELS = ("sdpa", "eager")
 
 
 @dataclass
@@ -85,27 +88,30 @@ def _lazyllm_attention(
 AttentionInterface.register(ATTENTION_NAME, _lazyllm_attention)
 
 
-@contextmanager
-def lazyllm_attention(model: Any) -> Iterator[str]:
-    """Route ``model``'s attention through the LazyLLM wrapper for the duration of the block.
+def lazyllm_layers(model: Any, layers: Iterable[torch.nn.Module]) -> tuple[tuple[torch.nn.Module, ...], str]:
+    """Views of ``layers`` whose attention goes through the LazyLLM wrapper, and the model's own kernel.
 
-    Yields the model's own attention implementation (the wrapper delegates to it). The previous
-    setting is restored in ``finally``, so the model is never left modified.
+    Each view is a shallow copy of a decoder layer whose ``self_attn`` is a shallow copy reading a
+    copied config with ``_attn_implementation = "lazyllm"``. Parameters, buffers, submodules and hooks
+    are the model's own (shared, not copied); nothing of the model changes, so the views are safe to
+    build and use from any thread while others use the model.
     """
-    with _SWITCH_LOCK:
-        original = model.config._attn_implementation
-        if original == ATTENTION_NAME:
-            raise RuntimeError("lazyllm_attention is already active on this model")
-        if original not in ("sdpa", "eager"):
-            raise ValueError(
-                f"attention implementation {original!r} is not supported; load the model with "
-                "attn_implementation='sdpa' (or 'eager')"
-            )
-        model.config._attn_implementation = ATTENTION_NAME
-        try:
-            yield original
-        finally:
-            model.config._attn_implementation = original
+    original = model.config._attn_implementation
+    if original not in SUPPORTED_KERNELS:
+        raise ValueError(
+            f"attention implementation {original!r} is not supported; load the model with "
+            "attn_implementation='sdpa' (or 'eager')"
+        )
+    config = copy.copy(model.config)
+    config._attn_implementation_internal = ATTENTION_NAME  # this copy only (no recursion into sub-configs)
+    views = []
+    for layer in layers:
+        attention: torch.nn.Module = copy.copy(layer.get_submodule("self_attn"))
+        attention.config = config
+        view = copy.copy(layer)
+        view._modules = {**layer._modules, "self_attn": attention}
+        views.append(view)
+    return tuple(views), original
 
 
 def causal_mask(

@@ -3,8 +3,11 @@
 * **Random token drop** (:func:`random_drop`): the schedule's keep counts, tokens chosen uniformly at
   random (seeded) instead of by attention; pruned tokens may come back in later steps, as in LazyLLM.
 * **Static token pruning** (:func:`static_pruning`): prune once, in the prefill, by the last position's
-  attention averaged over the first ``score_layers`` layers; later layers and every decoding step use
-  only the kept prompt tokens (no revival).
+  attention averaged over the first ``score_layers`` layers (:class:`MeanAttentionSelector`); layers
+  after that compute only the kept prompt tokens, and decoding steps never revive others: it is the
+  engine with that selector and the ``frozen`` revival policy, no engine flag. Each decoding step's
+  layer ``l`` attends what layer ``l`` computed in the prefill (all prompt tokens for the first
+  ``score_layers`` layers, the kept ones after) plus the generated tokens.
 * **Prompt compression** (:class:`PromptCompression`, in the style of Selective Context): score each
   prompt token's self-information ``-log p(x_i | x_<i)`` with the LM itself, group tokens into words,
   drop the least informative words until the wanted share of tokens is gone, then run the unpruned model
@@ -46,10 +49,8 @@ def static_pruning(
         raise ValueError(f"score_layers = {score_layers}: must be in 1..{layers - 1}")
     schedule = Schedule.from_layers(
         _model_name(model), layers, {score_layers - 1: 100.0 * (1.0 - keep_fraction)}
-    )
-    return LazyLLM(
-        model, schedule, tokenizer=tokenizer, selector=MeanAttentionSelector(score_layers), static=True
-    )
+    ).with_revival("frozen")
+    return LazyLLM(model, schedule, tokenizer=tokenizer, selector=MeanAttentionSelector(score_layers))
 
 
 class PromptCompression:

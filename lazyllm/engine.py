@@ -18,15 +18,25 @@ tokens at the next original positions and ends with ``t``, the newest position. 
   ``C_l \\ A_l`` (pruned this pass) are masked out.
 * **After the layer**: queries not in ``A_{l+1}`` park their output in the Aux Cache of layer ``l``.
 
+Decoding steps follow the schedule's revival policy (:class:`~lazyllm.schedule.Revival`):
+``dynamic`` is the above; ``frozen`` prunes nothing in decoding steps, so each layer attends exactly
+``C_l`` plus ``t`` (the prefill's survivors and the generated tokens) and the Aux Cache is never
+filled; ``budget:B`` is ``dynamic`` with at most ``B`` (token, layer) computations per step besides
+``t``'s: at a pruning layer ``l`` a revival candidate (active, not in ``C_{l+1}``) costs the layers up
+to the next pruning layer, the best-ranked candidates the budget pays for stay eligible and the others
+are pruned (so ``A_{l+1}`` may be smaller than the rounding rule says).
+
 The next-token logits come from ``t``'s final hidden state. With an all-zero schedule every token is
 active everywhere and this is exactly ordinary KV-cached decoding.
 
 Fast paths: a layer with ``p[l] = 0`` passes ``Q_l`` and ``A_l`` on unchanged (``C_l = C_{l+1}``
 there); a prefill's active keys equal its queries in sorted order, so full layers use sdpa's
-``is_causal`` without a mask; a decoding query at ``t`` needs no mask while all keys are active.
+``is_causal`` without a mask; a decoding query at ``t`` needs no mask while all keys are active. No
+host sync happens in a pass that prunes nothing (keep-all, ``frozen`` decoding) besides reading the
+next token.
 
-The model is never modified: its attention implementation is switched to the ``"lazyllm"`` wrapper
-(:mod:`lazyllm.attention`) only inside a call, and restored in ``finally``.
+The model is never modified: its layers run through views whose attention calls the ``"lazyllm"``
+wrapper (:mod:`lazyllm.attention`); the model and its config are shared, never switched.
 """
 
 from __future__ import annotations
@@ -39,21 +49,25 @@ from typing import Any
 import torch
 
 from lazyllm.architectures import DecoderStack, PositionEmbeddings, decoder_stack
-from lazyllm.attention import CALL_KWARG, AttentionCall, causal_mask, lazyllm_attention, query_key_mask
-from lazyllm.schedule import Schedule, num_pruned
+from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers, query_key_mask
+from lazyllm.schedule import Revival, Schedule, num_pruned
 from lazyllm.selectors import AttentionSelector, TokenSelector
 from lazyllm.state import GenerationState
 from lazyllm.text import StopCriteria, encode_prompt
 from lazyllm.timing import synchronize
 
 
-def select_survivors(scores: torch.Tensor, n_prune: int) -> torch.Tensor:
+def select_survivors(
+    scores: torch.Tensor, n_prune: int, forbidden: torch.Tensor | None = None
+) -> torch.Tensor:
     """Indices (sorted, into the active set) of the tokens that survive pruning.
 
     Args:
         scores: ``[n]`` ranking of the active tokens; the last entry is the newest position, which
             always survives and is not ranked.
         n_prune: how many tokens to drop, at most ``n - 1``.
+        forbidden: ``[n]`` bool, tokens pruned before any other (a revival budget); ``n_prune`` must
+            cover them.
 
     Ties prune the earlier position first (stable ascending sort).
     """
@@ -62,9 +76,52 @@ def select_survivors(scores: torch.Tensor, n_prune: int) -> torch.Tensor:
         raise ValueError(f"cannot prune {n_prune} of {n} tokens (the last position must survive)")
     keep = torch.ones(n, dtype=torch.bool, device=scores.device)
     if n_prune:
-        order = torch.sort(scores[:-1], stable=True).indices
+        ranking = scores[:-1]
+        if forbidden is not None:
+            ranking = ranking.masked_fill(forbidden[:-1], float("-inf"))
+        order = torch.sort(ranking, stable=True).indices
         keep[order[:n_prune]] = False
     return keep.nonzero().squeeze(1)
+
+
+@dataclass(frozen=True)
+class PassTrace:
+    """What one forward pass did, per layer (recorded only when a trace is asked for).
+
+    Attributes:
+        computed: per layer, ``[q_l]`` sorted original positions the layer computed in this pass.
+        attended: per layer, ``[k_l]`` sorted original positions of the keys ``t`` attended (its
+            active set ``A_l``; in a ``frozen`` decoding step ``C_l`` plus ``t``).
+        scores: per layer that ranked tokens, ``[n_l]`` attention of ``t`` over ``A_l`` (by position).
+    """
+
+    computed: tuple[torch.Tensor, ...]
+    attended: tuple[torch.Tensor, ...]
+    scores: dict[int, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class GenerationTrace:
+    """Per pass (the prefill, then each decoding step), what the engine computed: for tests and analysis."""
+
+    passes: tuple[PassTrace, ...]
+
+    def computed_counts(self, num_positions: int) -> torch.Tensor:
+        """``[layers, num_positions]`` int: how often each (layer, position) pair was computed."""
+        layers = len(self.passes[0].computed)
+        counts = torch.zeros(layers, num_positions, dtype=torch.long)
+        for p in self.passes:
+            for layer, positions in enumerate(p.computed):
+                counts[layer].index_add_(0, positions.cpu(), torch.ones(positions.shape[0], dtype=torch.long))
+        return counts
+
+    def computed_pairs(self) -> set[tuple[int, int]]:
+        """Every (layer, position) pair computed at least once."""
+        return {(layer, int(x)) for p in self.passes for layer, pos in enumerate(p.computed) for x in pos}
+
+    def extra_pairs_per_step(self) -> list[int]:
+        """Per decoding step, (token, layer) pairs computed besides the new token's own."""
+        return [sum(int(c.shape[0]) - 1 for c in p.computed) for p in self.passes[1:]]
 
 
 @dataclass(frozen=True)
@@ -109,7 +166,11 @@ class GenerationResult:
         prompt_usage_per_layer: share of prompt tokens each layer computed by the end (paper Fig. 7).
         prompt_usage_per_step: share of (prompt token, layer) pairs computed so far, after each step.
         aux_peak_entries / aux_peak_bytes: Aux Cache high-water mark.
+        revival: the schedule's revival policy, as spelled in its JSON (``"dynamic"``, ``"frozen"``,
+            ``"budget:B"``).
+        revived_pairs: (token, layer) pairs decoding steps computed besides their new tokens.
         step_logits: ``[vocab]`` float32 logits of each step, when asked for.
+        trace: what every pass computed, when asked for (``generate(..., trace=True)``).
     """
 
     token_ids: list[int]
@@ -122,26 +183,288 @@ class GenerationResult:
     prompt_usage_per_step: list[float]
     aux_peak_entries: int
     aux_peak_bytes: int
+    revival: str = "dynamic"
+    revived_pairs: int = 0
     step_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
+    trace: GenerationTrace | None = field(default=None, repr=False)
 
     @property
     def prompt_computed_fraction(self) -> float:
         """Share of (prompt token, layer) pairs computed over the whole generation (paper Table 2)."""
         return self.prompt_usage_per_step[-1]
 
+    @property
+    def decode_s(self) -> float:
+        """Seconds spent after the first token: ``total_s - ttft_s``."""
+        return self.total_s - self.ttft_s
+
+    @property
+    def decode_ms_per_token(self) -> float | None:
+        """Milliseconds per token after the first, ``(total_s - ttft_s) / (tokens - 1)``; None for one token."""
+        if len(self.token_ids) < 2:
+            return None
+        return 1000.0 * self.decode_s / (len(self.token_ids) - 1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# One forward pass, as named steps on a per-layer plan
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What layer ``index`` does in one pass: the mask, whether it scores, how many tokens it prunes.
+
+    Attributes:
+        n_old: slots the layer stored before this pass (its keys come first, then the queries').
+        mask: ``[1, 1, q, n_old + q]`` additive mask, or None where causality is implicit.
+        key_active: ``[n_old + q]`` bool, keys in ``A_l`` (None: all of them).
+        n_prune: tokens pruned after the layer (the rounding rule on ``|A_l|``).
+        want_scores: compute ``t``'s attention (to prune, or for a selector that observes the layer).
+        last_key_mask: ``[n_old + q]`` bool, keys ``t`` may attend (None: all).
+    """
+
+    index: int
+    n_old: int
+    mask: torch.Tensor | None
+    key_active: torch.Tensor | None
+    n_prune: int
+    want_scores: bool
+    last_key_mask: torch.Tensor | None
+
+
+@dataclass
+class _Generation:
+    """What every pass of one generation shares (built once per call; never shared between calls)."""
+
+    stack: DecoderStack
+    layers: tuple[torch.nn.Module, ...]  # views whose attention calls the lazyllm wrapper
+    inner: str  # the model's own attention kernel
+    pe_table: dict[str, PositionEmbeddings]  # cos/sin for every position, per layer type
+    state: GenerationState
+    selector: TokenSelector
+    percentiles: tuple[float, ...]
+    revival: Revival
+    prompt_tokens: int = 0
+    trace: list[PassTrace] | None = None
+    revived_pairs: int = 0
+    prompt_pairs: int = 0  # (prompt token, layer) pairs computed so far, where known on the host
+    prompt_pairs_device: torch.Tensor | None = None  # the part only the device knows (revived tokens)
+
+
+class _Pass:
+    """The mutable state of one forward pass while it walks the layers: ``Q_l``, ``A_l``, hidden states.
+
+    Steps per layer: :meth:`plan` (masks), :meth:`attend` (run the layer, score), :meth:`choose`
+    (``A_{l+1}``), :meth:`route` (``Q_{l+1}`` and their inputs; park the dropped).
+    """
+
+    def __init__(self, gen: _Generation, new_ids: torch.Tensor, start: int) -> None:
+        self.gen = gen
+        self.device = new_ids.device
+        self.start = start
+        self.total = start + new_ids.shape[1]  # positions 0..total-1 exist after this pass
+        self.decoding = start > 0
+        gen.state.ensure_capacity(self.total)
+        self.q_pos = torch.arange(start, self.total, device=self.device)  # Q_0: the new tokens
+        self.active = torch.arange(self.total, device=self.device)  # A_0, sorted
+        self.all_active = True  # A_l is every position (nothing pruned yet in this pass)
+        self.hidden = gen.stack.embed(new_ids)  # [1, q, hidden]
+        self.pe_q = {
+            t: (cos[:, start : self.total], sin[:, start : self.total])
+            for t, (cos, sin) in gen.pe_table.items()
+        }
+        self.explicit = gen.inner == "eager"  # eager attention needs an explicit causal mask
+        frozen = self.decoding and not gen.revival.revives
+        self.percentiles = (0.0,) * len(gen.percentiles) if frozen else gen.percentiles
+        self.observing = not frozen
+        budget = gen.revival.budget if self.decoding else None
+        self.budget_left = budget  # revived (token, layer) computations this step may still make
+        self.tracing = gen.trace is not None
+        self._computed: list[torch.Tensor] = []
+        self._attended: list[torch.Tensor] = []
+        self._scores: dict[int, torch.Tensor] = {}
+
+    # --- step 1: masks ------------------------------------------------------------------------------
+    def plan(self, index: int) -> LayerPlan:
+        gen, state = self.gen, self.gen.state
+        window = gen.stack.windows[index]
+        n_old = state.kv[index].length if state.store_kv else 0
+        q = self.hidden.shape[1]
+        n_prune = num_pruned(self.percentiles[index], self.active.shape[0])
+        # a budget ranks revival candidates even where the rounding rule prunes nothing
+        ranks = n_prune > 0 or (self.budget_left is not None and self.percentiles[index] > 0)
+        want_scores = ranks or (self.observing and gen.selector.observes(index))
+        span = self.total - 1  # an upper bound of (newest - oldest position) of any key: no device read
+        key_active = None
+        if n_old == 0:  # queries == keys == A_l, sorted: causality by index is causality by position
+            needs_mask = self.explicit or (window is not None and span >= window)
+            mask = (
+                query_key_mask(self.q_pos, self.q_pos, None, window, self.hidden.dtype)
+                if needs_mask
+                else None
+            )
+            key_pos = self.q_pos
+        else:
+            key_pos = torch.cat([state.kv[index].slot_positions(), self.q_pos])
+            if not self.all_active:
+                in_active = torch.zeros(self.total, dtype=torch.bool, device=self.device)
+                in_active[self.active] = True
+                key_active = in_active[key_pos]
+            implicit = (
+                q == 1 and key_active is None and not self.explicit and (window is None or span < window)
+            )
+            mask = (
+                None
+                if implicit
+                else query_key_mask(self.q_pos, key_pos, key_active, window, self.hidden.dtype)
+            )
+        last_key_mask = key_active if want_scores else None
+        if want_scores and window is not None and span >= window:
+            in_window = (self.total - 1 - key_pos) < window
+            last_key_mask = in_window if last_key_mask is None else last_key_mask & in_window
+        return LayerPlan(index, n_old, mask, key_active, n_prune, want_scores, last_key_mask)
+
+    # --- step 2: attend and score -------------------------------------------------------------------
+    def attend(self, layer: torch.nn.Module, plan: LayerPlan) -> torch.Tensor | None:
+        """Run the layer on the queries; return ``t``'s attention ``[|A_l|]`` over ``A_l`` if scored."""
+        gen, state = self.gen, self.gen.state
+        kv, q_pos = state.kv[plan.index], self.q_pos
+        call = AttentionCall(
+            inner=gen.inner,
+            store=(lambda k, v: kv.append(k, v, q_pos)) if state.store_kv else None,
+            want_scores=plan.want_scores,
+            last_key_mask=plan.last_key_mask,
+        )
+        self.hidden = layer(
+            self.hidden,
+            attention_mask=plan.mask,
+            position_ids=q_pos[None],
+            position_embeddings=self.pe_q[gen.stack.layer_types[plan.index]],
+            **{CALL_KWARG: call},
+        )
+        self._account(plan)
+        if not plan.want_scores:
+            return None
+        if call.scores is None:
+            raise RuntimeError(
+                f"layer {plan.index} did not call the attention interface; cannot score tokens"
+            )
+        # keys are [stored slots..., queries...]; read them back in position order of A_l
+        scores = call.scores[0, state.slot_of[plan.index, self.active]] if plan.n_old else call.scores[0]
+        if self.tracing:
+            self._scores[plan.index] = scores
+        if self.observing and gen.selector.observes(plan.index):
+            gen.selector.observe(plan.index, scores, self.active)
+        return scores
+
+    def _account(self, plan: LayerPlan) -> None:
+        """Record what the layer computed (slots, counters, trace) without reading the device."""
+        gen, state = self.gen, self.gen.state
+        q = self.q_pos.shape[0]
+        single = q == 1 and self.decoding  # the query is t itself: its position is known on the host
+        state.record_computed(plan.index, self.q_pos, plan.n_old, newest=self.total - 1 if single else None)
+        if not self.decoding:
+            gen.prompt_pairs += q
+        elif q > 1:  # revived tokens (t is the last query): some may be prompt tokens
+            gen.revived_pairs += q - 1
+            revived_prompt = (self.q_pos[:-1] < gen.prompt_tokens).sum()
+            if gen.prompt_pairs_device is None:
+                gen.prompt_pairs_device = revived_prompt
+            else:
+                gen.prompt_pairs_device = gen.prompt_pairs_device + revived_prompt
+        if self.tracing:
+            self._computed.append(self.q_pos)
+            if plan.n_old and self.all_active:  # every stored key (the queries' were just appended)
+                self._attended.append(torch.sort(state.kv[plan.index].slot_positions()).values)
+            else:
+                self._attended.append(self.active)
+
+    # --- step 3: choose survivors -------------------------------------------------------------------
+    def choose(self, plan: LayerPlan, scores: torch.Tensor | None) -> torch.Tensor:
+        """``A_{l+1}``: ``A_l`` minus its lowest-ranked tokens (and, on a budget, unaffordable revivals)."""
+        if scores is None or (plan.n_prune == 0 and self.budget_left is None):
+            return self.active
+        gen = self.gen
+        ranks = gen.selector.rank(plan.index, scores, self.active)
+        forbidden, n_prune = None, plan.n_prune
+        if self.budget_left is not None:
+            forbidden, n_forbidden = self._over_budget(plan, ranks)
+            n_prune = max(n_prune, n_forbidden)
+        keep = select_survivors(ranks, n_prune, forbidden)
+        self.all_active = False
+        return self.active[keep]
+
+    def _over_budget(self, plan: LayerPlan, ranks: torch.Tensor) -> tuple[torch.Tensor | None, int]:
+        """Revival candidates the remaining budget cannot pay for: the lowest-ranked ones."""
+        state, nxt = self.gen.state, plan.index + 1
+        costly = state.slot_of[nxt, self.active] < 0  # would be computed at layer l + 1 now
+        costly[-1] = False  # t is the step's own token, never charged
+        cost = self._segment(nxt)
+        affordable = self.budget_left // cost if self.budget_left is not None else 0
+        n_costly = int(costly.sum())  # host read: budget policy only
+        if n_costly <= affordable:
+            return None, 0
+        # costly tokens in ascending rank order (ties: earlier position first); the last `affordable` stay
+        order = torch.sort(ranks.masked_fill(~costly, float("inf")), stable=True).indices
+        forbidden = torch.zeros_like(costly)
+        forbidden[order[: n_costly - affordable]] = True
+        return forbidden, n_costly - affordable
+
+    def _segment(self, first: int) -> int:
+        """Layers a token revived into layer ``first`` runs before it is ranked again (``first..m``)."""
+        last = len(self.percentiles) - 1
+        m = first
+        while m < last and self.percentiles[m] == 0:
+            m += 1
+        return m - first + 1
+
+    # --- step 4: route hidden states ----------------------------------------------------------------
+    def route(self, plan: LayerPlan, next_active: torch.Tensor) -> None:
+        """``Q_{l+1} = A_{l+1} \\ C_{l+1}`` with their inputs; queries leaving the active set park their output."""
+        state, index = self.gen.state, plan.index
+        q_pos, hidden = self.q_pos, self.hidden
+        # a prefill's layer l + 1 has computed nothing yet; a decoding step's needs what it lacks
+        need = next_active[state.slot_of[index + 1, next_active] < 0] if self.decoding else next_active
+        row_of = torch.full((self.total,), -1, dtype=torch.long, device=self.device)
+        row_of[q_pos] = torch.arange(q_pos.shape[0], device=self.device)
+        rows = row_of[need]
+        fresh = rows >= 0
+        if not self.decoding or bool(fresh.all()):
+            next_hidden = hidden[:, rows]
+        else:  # revived: their layer-l output waits in the Aux Cache
+            next_hidden = hidden.new_empty(1, need.shape[0], hidden.shape[-1])
+            next_hidden[0, fresh] = hidden[0, rows[fresh]]
+            next_hidden[0, ~fresh] = state.revive(index, need[~fresh])
+        if state.keep_aux:
+            in_next = torch.zeros(self.total, dtype=torch.bool, device=self.device)
+            in_next[next_active] = True
+            dropped = ~in_next[q_pos]
+            # a prefill drops exactly the pruned queries; a decoding step must look
+            if (plan.n_prune > 0) if not self.decoding else bool(dropped.any()):
+                state.park(index, q_pos[dropped], hidden[0, dropped])
+        if self.budget_left is not None:
+            self.budget_left -= (need.shape[0] - 1) * self._segment(index + 1)
+        self.hidden, self.q_pos, self.active = next_hidden, need, next_active
+        self.pe_q = {t: (cos[:, need], sin[:, need]) for t, (cos, sin) in self.gen.pe_table.items()}
+
+    def finish(self) -> torch.Tensor:
+        """``[1, vocab]`` float32 logits of ``t``; closes the pass's trace."""
+        if self.gen.trace is not None:
+            self.gen.trace.append(PassTrace(tuple(self._computed), tuple(self._attended), self._scores))
+        return self.gen.stack.logits(self.hidden[:, -1:]).float()
+
 
 class LazyLLM:
     """A loaded causal LM plus a pruning :class:`Schedule`; the model itself is never changed.
 
+    One instance may serve several threads at once: every call keeps its state to itself.
+
     Args:
         model: a supported ``*ForCausalLM`` (see :mod:`lazyllm.architectures`), in eval mode.
-        schedule: the pruning schedule; its layer count must match the model.
+        schedule: the pruning schedule (with its revival policy); its layer count must match the model.
         tokenizer: needed to generate from text, apply a chat template or use stop strings.
         selector: how tokens are ranked at pruning layers (default: LazyLLM's attention rule).
         strict_model_name: also require ``schedule.model == model.config.name_or_path``.
-        track_computation: count every (layer, position) computation (for tests; small overhead).
-        static: static token pruning (a baseline): prune only in the prefill; decoding steps use the
-            prompt tokens that reached the last layer and never revive others.
     """
 
     def __init__(
@@ -152,8 +475,6 @@ class LazyLLM:
         tokenizer: Any = None,
         selector: TokenSelector | None = None,
         strict_model_name: bool = True,
-        track_computation: bool = False,
-        static: bool = False,
     ) -> None:
         self.model = model
         self.stack: DecoderStack = decoder_stack(model)
@@ -162,9 +483,6 @@ class LazyLLM:
         self.schedule = schedule
         self.tokenizer = tokenizer
         self.selector = selector or AttentionSelector()
-        self.track_computation = track_computation
-        self.static = static
-        self.last_state: GenerationState | None = None
 
     @property
     def device(self) -> torch.device:
@@ -201,147 +519,39 @@ class LazyLLM:
         half = keep // 2
         return torch.cat([ids[:, :half], ids[:, ids.shape[1] - (keep - half) :]], dim=1)
 
-    # ------------------------------------------------------------------------------------------------
-    def _forward(
-        self,
-        state: GenerationState,
-        new_ids: torch.Tensor,
-        start: int,
-        inner: str,
-        pe_table: dict[str, PositionEmbeddings],
-        trace: PrefillTrace | None = None,
-        percentiles: tuple[float, ...] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward pass adding ``new_ids`` ``[1, q]`` at positions ``start..start+q-1``.
+    def _begin(self, ids: torch.Tensor, capacity: int, *, store_kv: bool, trace: bool) -> _Generation:
+        layers, inner = lazyllm_layers(self.model, self.stack.layers)
+        positions = torch.arange(capacity, device=ids.device)[None]
+        pe_table = self.stack.position_embeddings(self.stack.embed(ids[:, :1]), positions)
+        revival = self.schedule.revival
+        state = GenerationState(
+            self.stack.num_layers, capacity, ids.device, store_kv=store_kv, keep_aux=revival.revives
+        )
+        return _Generation(
+            stack=self.stack,
+            layers=layers,
+            inner=inner,
+            pe_table=pe_table,
+            state=state,
+            selector=self.selector.begin(),
+            percentiles=self.schedule.percentiles,
+            revival=revival,
+            prompt_tokens=ids.shape[1],
+            trace=[] if trace else None,
+        )
 
-        Returns the ``[1, vocab]`` logits of the newest position and the positions active at the last
-        layer. ``percentiles`` overrides the schedule for this pass. See the module docstring.
-        """
-        stack = self.stack
-        sched = self.schedule.percentiles if percentiles is None else percentiles
-        device = new_ids.device
-        q0 = new_ids.shape[1]
-        total = start + q0  # positions 0..total-1 exist after this pass
-        state.ensure_capacity(total)
-        q_pos = torch.arange(start, total, device=device)  # Q_0: the new tokens
-        visible = state.visible_prompt
-        all_active = visible is None  # A_l is every position (no pruning yet in this pass)
-        if visible is None:
-            active = torch.arange(total, device=device)  # A_0, sorted
-        else:  # static pruning: prompt tokens dropped in the prefill stay out for good
-            active = torch.cat([visible, torch.arange(state.prompt_tokens, total, device=device)])
-        hidden = stack.embed(new_ids)  # [1, q, hidden]
-        explicit = inner == "eager"
-        pe_q = {t: (cos[:, q_pos], sin[:, q_pos]) for t, (cos, sin) in pe_table.items()}
-        for layer_idx, layer in enumerate(stack.layers):
-            n_active = active.shape[0]
-            n_prune = num_pruned(sched[layer_idx], n_active)
-            observe = self.selector.observes(layer_idx)
-            window = stack.windows[layer_idx]
-            kv = state.kv[layer_idx]
-            n_old = kv.length if state.store_kv else 0
-            q = q_pos.shape[0]
-            # keys: the layer's stored slots (if any) followed by the queries' own
-            key_active: torch.Tensor | None = None
-            if n_old and not all_active:
-                in_active = torch.zeros(total, dtype=torch.bool, device=device)
-                in_active[active] = True
-                key_active = torch.cat(
-                    [in_active[kv.slot_positions()], torch.ones(q, dtype=torch.bool, device=device)]
-                )
-            if n_old == 0:
-                # queries == keys == A_l, sorted: plain causality in index space is causality by position
-                mask = causal_mask(q_pos, window, hidden.dtype, explicit=explicit)
-                key_pos = q_pos
-            else:
-                key_pos = torch.cat([kv.slot_positions(), q_pos])
-                span_ok = window is None or int(key_pos.max() - key_pos.min()) < window
-                single_newest = q == 1  # the newest position: every stored key is earlier
-                if single_newest and key_active is None and span_ok and not explicit:
-                    mask = None
-                else:
-                    mask = query_key_mask(q_pos, key_pos, key_active, window, hidden.dtype)
-            last_key_mask = None
-            if n_prune or observe:
-                last_key_mask = key_active
-                if window is not None and int(q_pos[-1] - key_pos.min()) >= window:
-                    in_window = (q_pos[-1] - key_pos) < window
-                    last_key_mask = in_window if last_key_mask is None else last_key_mask & in_window
-
-            def store(
-                key: torch.Tensor, value: torch.Tensor, kv: Any = kv, q_pos: torch.Tensor = q_pos
-            ) -> Any:
-                return kv.append(key, value, q_pos)
-
-            call = AttentionCall(
-                inner=inner,
-                store=store if state.store_kv else None,
-                want_scores=n_prune > 0 or observe,
-                last_key_mask=last_key_mask,
-            )
-            hidden = layer(
-                hidden,
-                attention_mask=mask,
-                position_ids=q_pos[None],
-                position_embeddings=pe_q[stack.layer_types[layer_idx]],
-                **{CALL_KWARG: call},
-            )
-            state.record_computed(layer_idx, q_pos, n_old)
-            if trace is not None:
-                trace.computed.append(active)
-            attention = None
-            if n_prune or observe:
-                if call.scores is None:
-                    raise RuntimeError(
-                        f"layer {layer_idx} did not call the attention interface; cannot score tokens"
-                    )
-                slots = (
-                    state.slot_of[layer_idx, active]
-                    if state.store_kv
-                    else torch.arange(n_active, device=device)
-                )
-                attention = call.scores[0, slots]  # [n_active], sorted by position
-                if trace is not None:
-                    trace.scores[layer_idx] = attention
-                if observe:
-                    self.selector.observe(layer_idx, attention, active)
-            if layer_idx == stack.num_layers - 1:
-                break
-            if sched[layer_idx] == 0:
+    def _forward(self, gen: _Generation, new_ids: torch.Tensor, start: int) -> torch.Tensor:
+        """One forward pass adding ``new_ids`` ``[1, q]`` at positions ``start..start+q-1``; returns the
+        ``[1, vocab]`` logits of the newest position. See the module docstring."""
+        step = _Pass(gen, new_ids, start)
+        last = len(gen.layers) - 1
+        for index, layer in enumerate(gen.layers):
+            plan = step.plan(index)
+            scores = step.attend(layer, plan)
+            if index == last or step.percentiles[index] == 0:
                 continue  # A_{l+1} = A_l and Q_{l+1} = Q_l
-            # --- choose A_{l+1} ---------------------------------------------------------------------
-            next_active = active
-            if n_prune and attention is not None:
-                keep = select_survivors(self.selector.rank(layer_idx, attention, active), n_prune)
-                next_active = active[keep]
-                all_active = False
-            # --- route hidden states: Q_{l+1} = A_{l+1} \ C_{l+1} -----------------------------------
-            need = (
-                next_active[state.slot_of[layer_idx + 1, next_active] < 0] if state.store_kv else next_active
-            )
-            row_of = torch.full((total,), -1, dtype=torch.long, device=device)
-            row_of[q_pos] = torch.arange(q, device=device)
-            rows = row_of[need]
-            fresh = rows >= 0
-            if bool(fresh.all()):
-                next_hidden = hidden[:, rows]
-            else:
-                next_hidden = hidden.new_empty(1, need.shape[0], hidden.shape[-1])
-                next_hidden[0, fresh] = hidden[0, rows[fresh]]
-                next_hidden[0, ~fresh] = state.revive(layer_idx, need[~fresh])
-            if state.store_kv:
-                in_next = torch.zeros(total, dtype=torch.bool, device=device)
-                in_next[next_active] = True
-                dropped = ~in_next[q_pos]
-                if bool(dropped.any()):
-                    state.park(layer_idx, q_pos[dropped], hidden[0, dropped])
-            hidden, q_pos, active = next_hidden, need, next_active
-            pe_q = {t: (cos[:, q_pos], sin[:, q_pos]) for t, (cos, sin) in pe_table.items()}
-        return stack.logits(hidden[:, -1:]).float(), active
-
-    def _pe_table(self, hidden_like: torch.Tensor, n_positions: int) -> dict[str, PositionEmbeddings]:
-        positions = torch.arange(n_positions, device=hidden_like.device)[None]
-        return self.stack.position_embeddings(hidden_like, positions)
+            step.route(plan, step.choose(plan, scores))
+        return step.finish()
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -353,20 +563,14 @@ class LazyLLM:
             return_scores: keep the attention scores of every pruning layer in the result.
         """
         ids = self._as_input_ids(input_ids)
-        n = ids.shape[1]
-        self.selector.reset()
-        state = GenerationState(
-            self.stack.num_layers, n, ids.device, store_kv=False, track=self.track_computation
-        )
-        trace = PrefillTrace()
-        with lazyllm_attention(self.model) as inner:
-            pe_table = self._pe_table(self.stack.embed(ids[:, :1]), n)
-            logits, _ = self._forward(state, ids, 0, inner, pe_table, trace)
-        self.last_state = state
+        gen = self._begin(ids, ids.shape[1], store_kv=False, trace=True)
+        logits = self._forward(gen, ids, 0)
+        assert gen.trace is not None
+        (first,) = gen.trace
         return PrefillResult(
             logits=logits,
-            computed_positions=tuple(trace.computed),
-            scores=trace.scores if return_scores else {},
+            computed_positions=first.computed,
+            scores=first.scores if return_scores else {},
         )
 
     @torch.inference_mode()
@@ -379,6 +583,7 @@ class LazyLLM:
         eos_token_id: int | list[int] | None = None,
         stop_strings: list[str] | tuple[str, ...] = (),
         return_logits: bool = False,
+        trace: bool = False,
     ) -> GenerationResult:
         """Greedy decoding with LazyLLM pruning in the prefill and at every step.
 
@@ -389,6 +594,7 @@ class LazyLLM:
             eos_token_id: stop at these ids (default: the tokenizer's / generation config's EOS).
             stop_strings: stop once the decoded text contains one of these; the text is cut before it.
             return_logits: keep every step's logits in the result.
+            trace: record what every pass computed in ``result.trace`` (small overhead; for tests).
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens = {max_new_tokens}: must be >= 1")
@@ -398,45 +604,34 @@ class LazyLLM:
         )
         n = ids.shape[1]
         stop = StopCriteria.build(self.model, self.tokenizer, eos_token_id, stop_strings)
-        self.selector.reset()
-        state = GenerationState(
-            self.stack.num_layers, n + max_new_tokens, ids.device, store_kv=True, track=self.track_computation
-        )
-        state.prompt_tokens = n
+        gen = self._begin(ids, n + max_new_tokens, store_kv=True, trace=trace)
         generated: list[int] = []
         logits_kept: list[torch.Tensor] = []
-        usage_steps: list[float] = []
+        usage: list[tuple[int, torch.Tensor | None]] = []  # per step: host part, device part
         finish = "length"
         ttft = 0.0
-        with lazyllm_attention(self.model) as inner:
-            pe_table = self._pe_table(self.stack.embed(ids[:, :1]), n + max_new_tokens)
-            next_input, start = ids, 0
-            decode_sched: tuple[float, ...] | None = None
-            for step in range(max_new_tokens):
-                logits, final_active = self._forward(
-                    state, next_input, start, inner, pe_table, None, decode_sched
-                )
-                if step == 0 and self.static:
-                    # static pruning: the prompt tokens that reached the last layer are all later steps see
-                    state.visible_prompt = final_active[final_active < n]
-                    decode_sched = (0.0,) * self.stack.num_layers
-                token = int(logits[0].argmax())
-                if step == 0:
-                    synchronize(ids.device)
-                    ttft = time.perf_counter() - t0
-                generated.append(token)
-                if return_logits:
-                    logits_kept.append(logits[0])
-                usage_steps.append(float((state.slot_of[:, :n] >= 0).float().mean()))
-                reason = stop.check(generated)
-                if reason:
-                    finish = reason
-                    break
-                start += next_input.shape[1]
-                next_input = torch.tensor([[token]], device=ids.device)
+        next_input, start = ids, 0
+        for step in range(max_new_tokens):
+            logits = self._forward(gen, next_input, start)
+            token = int(logits[0].argmax())
+            if step == 0:
+                synchronize(ids.device)
+                ttft = time.perf_counter() - t0
+            generated.append(token)
+            if return_logits:
+                logits_kept.append(logits[0])
+            usage.append((gen.prompt_pairs, gen.prompt_pairs_device))
+            reason = stop.check(generated)
+            if reason:
+                finish = reason
+                break
+            start += next_input.shape[1]
+            next_input = torch.tensor([[token]], device=ids.device)
         synchronize(ids.device)
         total = time.perf_counter() - t0
-        self.last_state = state
+        state = gen.state
+        pairs = n * self.stack.num_layers
+        usage_steps = [(host + (0 if dev is None else int(dev))) / pairs for host, dev in usage]
         per_layer = (state.slot_of[:, :n] >= 0).float().mean(dim=1).tolist()
         return GenerationResult(
             token_ids=generated,
@@ -449,13 +644,8 @@ class LazyLLM:
             prompt_usage_per_step=usage_steps,
             aux_peak_entries=state.aux_peak_entries,
             aux_peak_bytes=state.aux_peak_bytes,
+            revival=str(gen.revival),
+            revived_pairs=gen.revived_pairs,
             step_logits=logits_kept,
+            trace=GenerationTrace(tuple(gen.trace)) if gen.trace is not None else None,
         )
-
-
-@dataclass
-class PrefillTrace:
-    """What a prefill pass records for :class:`PrefillResult`."""
-
-    computed: list[torch.Tensor] = field(default_factory=list)
-    scores: dict[int, torch.Tensor] = field(default_factory=dict)

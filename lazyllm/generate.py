@@ -3,8 +3,10 @@
     python -m lazyllm.generate --model smollm2-135m --schedule s.json --prompt-file f.txt \\
         --max-new-tokens 64 [--compare]
 
-Prints the answer, TTFT, total time and the share of prompt tokens computed; with ``--compare`` also
-the unpruned answer and the speedups (one unpruned run and one pruned run, after a warm-up).
+Prints the answer, TTFT, total time, decode ms/token, the revival policy and the share of prompt
+tokens computed; with ``--compare`` also the unpruned answer and the speedups (one unpruned run and
+one pruned run, after a warm-up). ``--revival frozen`` (or ``dynamic``, ``budget:N``) overrides the
+schedule's revival policy.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt", help="the prompt text itself")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     parser.add_argument(
+        "--revival", help="revival policy instead of the schedule's: dynamic, frozen or budget:N"
+    )
+    parser.add_argument(
         "--stop", action="append", default=[], help="stop string (repeatable), e.g. --stop $'\\n'"
     )
     parser.add_argument("--no-chat", action="store_true", help="raw prompt: do not apply the chat template")
@@ -51,9 +56,11 @@ def _parser() -> argparse.ArgumentParser:
 def _report(label: str, result: GenerationResult) -> None:
     print(f"--- {label} ---")
     print(result.text if result.text is not None else result.token_ids)
+    decode = result.decode_ms_per_token
     print(
-        f"TTFT {result.ttft_s:.3f} s, total {result.total_s:.3f} s, {len(result.token_ids)} tokens "
-        f"({result.finish_reason}), prompt {result.prompt_tokens} tokens, "
+        f"TTFT {result.ttft_s:.3f} s, total {result.total_s:.3f} s, "
+        f"decode {'-' if decode is None else f'{decode:.1f}'} ms/token, {len(result.token_ids)} tokens "
+        f"({result.finish_reason}), revival {result.revival}, prompt {result.prompt_tokens} tokens, "
         f"{100 * result.prompt_computed_fraction:.1f}% of prompt (token, layer) pairs computed"
     )
 
@@ -74,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
         layers = int(model.config.num_hidden_layers)
         schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)
+        if args.revival:
+            schedule = schedule.with_revival(args.revival)
         engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=not args.allow_other_model)
         chat = not args.no_chat and bool(getattr(tokenizer, "chat_template", None))
         kwargs = dict(max_new_tokens=args.max_new_tokens, chat=chat, stop_strings=args.stop)

@@ -15,14 +15,24 @@ model. Semantics (LazyLLM, Fu et al. 2024):
 ``n - 1`` tokens other than the last position. Ties in score prune the earlier position first.
 ``floor`` is taken with a tolerance of 1e-9 so that e.g. ``p = 30, n = 10`` prunes 3, not 2.
 
-JSON format (version 1)::
+**Revival policy** (:class:`Revival`): what decoding steps do with tokens the prefill pruned.
 
-    {"format": "lazyllm-schedule", "version": 1, "model": "smollm2-135m", "num_layers": 30,
-     "percentiles": [0, 0, ..., 50, ..., 0], "metadata": {...}}
+* ``dynamic`` (the paper, and every version-1 file): each step re-selects the active set at every
+  pruning layer; a token chosen again at a layer it never computed is *revived* from the Aux Cache.
+* ``frozen``: each decoding step sees, at every layer, exactly the tokens that layer has computed
+  (the prefill's survivors plus the generated tokens); no re-selection, no revival, no Aux Cache.
+* ``budget:B``: like ``dynamic``, but a step computes at most ``B`` (token, layer) pairs besides its
+  new token; the best-ranked revival candidates get the budget, the others are pruned.
+
+JSON format (version 2; version 1 has no ``revival`` field and means ``dynamic``)::
+
+    {"format": "lazyllm-schedule", "version": 2, "model": "smollm2-135m", "num_layers": 30,
+     "percentiles": [0, 0, ..., 50, ..., 0], "revival": {"policy": "frozen"}, "metadata": {...}}
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -31,8 +41,76 @@ from pathlib import Path
 from typing import Any
 
 FORMAT_NAME = "lazyllm-schedule"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_READS_VERSIONS = (1, 2)
 _FLOOR_TOLERANCE = 1e-9
+REVIVAL_POLICIES = ("dynamic", "frozen", "budget")
+
+
+@dataclass(frozen=True)
+class Revival:
+    """How decoding steps treat prompt tokens pruned earlier (see the module docstring).
+
+    Args:
+        policy: ``"dynamic"``, ``"frozen"`` or ``"budget"``.
+        budget: only for ``"budget"``: at most this many (token, layer) computations per decoding
+            step besides the new token's own.
+
+    >>> Revival.parse("budget:32")
+    Revival(policy='budget', budget=32)
+    >>> str(Revival("frozen"))
+    'frozen'
+    """
+
+    policy: str = "dynamic"
+    budget: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in REVIVAL_POLICIES:
+            raise ValueError(
+                f"revival policy = {self.policy!r}: unknown. Available: {', '.join(REVIVAL_POLICIES)} "
+                "(budget as 'budget:N')"
+            )
+        if self.policy == "budget":
+            if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 0:
+                raise ValueError(
+                    f"revival budget = {self.budget!r}: must be an integer >= 0 for policy 'budget'"
+                )
+        elif self.budget is not None:
+            raise ValueError(f"revival budget = {self.budget!r}: only policy 'budget' takes a budget")
+
+    @classmethod
+    def parse(cls, text: str) -> Revival:
+        """``"dynamic"``, ``"frozen"`` or ``"budget:N"`` (the spelling :meth:`__str__` writes)."""
+        name, _, budget = str(text).partition(":")
+        if name != "budget":
+            if budget:
+                raise ValueError(f"revival policy = {text!r}: only 'budget:N' takes a number")
+            return cls(name)
+        if not budget.strip().isdigit():
+            raise ValueError(
+                f"revival policy = {text!r}: write the budget as 'budget:N' with an integer N >= 0"
+            )
+        return cls("budget", int(budget))
+
+    def __str__(self) -> str:
+        return self.policy if self.budget is None else f"{self.policy}:{self.budget}"
+
+    @property
+    def revives(self) -> bool:
+        """Whether decoding steps may compute a pruned token again (everything but ``frozen``)."""
+        return self.policy != "frozen"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy} | ({} if self.budget is None else {"budget": self.budget})
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Revival:
+        if not isinstance(data, Mapping) or set(data) - {"policy", "budget"} or "policy" not in data:
+            raise ValueError(
+                f'revival = {data!r}: must be an object {{"policy": ..., "budget": N (budget only)}}'
+            )
+        return cls(data["policy"], data.get("budget"))
 
 
 def num_pruned(percentile: float, n_active: int) -> int:
@@ -77,11 +155,13 @@ class Schedule:
             or a folder name); checked by :meth:`check_model`.
         percentiles: one prune percentile per decoder layer, each in ``[0, 100)``; the last is 0.
         metadata: optional provenance (study, trial, metrics, ...); JSON types only.
+        revival: the decoding-time :class:`Revival` policy (or its spelling, e.g. ``"budget:32"``).
     """
 
     model: str
     percentiles: tuple[float, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    revival: Revival = field(default_factory=Revival)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -108,6 +188,15 @@ class Schedule:
             raise ValueError(f"metadata = {self.metadata!r}: must be a JSON object (dict)")
         object.__setattr__(self, "percentiles", tuple(values))
         object.__setattr__(self, "metadata", _jsonable(dict(self.metadata), ""))
+        if isinstance(self.revival, str):
+            object.__setattr__(self, "revival", Revival.parse(self.revival))
+        elif not isinstance(self.revival, Revival):
+            raise ValueError(f"revival = {self.revival!r}: must be a Revival or its spelling, e.g. 'frozen'")
+
+    def with_revival(self, revival: Revival | str) -> Schedule:
+        """The same schedule with another revival policy (metadata kept)."""
+        policy = revival if isinstance(revival, Revival) else Revival.parse(revival)
+        return dataclasses.replace(self, revival=policy)
 
     # ----------------------------------------------------------------------------------------------
     # constructors
@@ -225,6 +314,7 @@ class Schedule:
             "model": self.model,
             "num_layers": self.num_layers,
             "percentiles": list(self.percentiles),
+            "revival": self.revival.to_dict(),
             "metadata": dict(self.metadata),
         }
 
@@ -249,14 +339,20 @@ class Schedule:
                 f"format = {data.get('format')!r}: expected {FORMAT_NAME!r}; is this a schedule file?"
             )
         version = data.get("version")
-        if version != FORMAT_VERSION:
+        if isinstance(version, bool) or version not in _READS_VERSIONS:
             raise ValueError(
-                f"version = {version!r}: this lazyllm reads schedule version {FORMAT_VERSION}; upgrade lazyllm-tuner"
+                f"version = {version!r}: this lazyllm reads schedule versions "
+                f"{', '.join(map(str, _READS_VERSIONS))}; upgrade lazyllm-tuner"
             )
-        unknown = set(data) - {"format", "version", "model", "num_layers", "percentiles", "metadata"}
+        fields = {"format", "version", "model", "num_layers", "percentiles", "metadata"}
+        if version >= 2:  # version 1 has no revival field: the paper's dynamic re-selection
+            fields.add("revival")
+        unknown = set(data) - fields
         if unknown:
-            raise ValueError(f"unknown field(s) {sorted(unknown)} in schedule JSON; remove them")
-        for key in ("model", "num_layers", "percentiles"):
+            raise ValueError(
+                f"unknown field(s) {sorted(unknown)} in schedule JSON (version {version}); remove them"
+            )
+        for key in ("model", "num_layers", "percentiles", *(("revival",) if version >= 2 else ())):
             if key not in data:
                 raise ValueError(f"missing field {key!r} in schedule JSON")
         percentiles = data["percentiles"]
@@ -270,7 +366,8 @@ class Schedule:
         metadata = data.get("metadata", {})
         if metadata is None:
             metadata = {}
-        return cls(model=data["model"], percentiles=tuple(percentiles), metadata=metadata)
+        revival = Revival.from_dict(data["revival"]) if version >= 2 else Revival()
+        return cls(model=data["model"], percentiles=tuple(percentiles), metadata=metadata, revival=revival)
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:

@@ -1,7 +1,9 @@
 """Which tokens survive a pruning layer: LazyLLM's attention rule, and random drop (a baseline).
 
 A selector ranks the active tokens; the engine keeps the top ones by the schedule's rounding rule.
-A new rule is one small class.
+A new rule is one small class. A selector that keeps state across layers (a random generator, a
+running sum) returns a fresh copy from :meth:`TokenSelector.begin`, so one :class:`~lazyllm.LazyLLM`
+can serve several generations, and several threads, at once.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ class TokenSelector(ABC):
             positions: ``[n]`` sorted original positions of the active tokens (the last is the newest).
         """
 
-    def reset(self) -> None:  # noqa: B027 - optional hook, most selectors keep no state
-        """Called at the start of every generation."""
+    def begin(self) -> TokenSelector:
+        """The selector one generation uses (called at its start). Stateless selectors return
+        ``self``; stateful ones a fresh instance, never shared between generations."""
+        return self
 
     def observes(self, layer: int) -> bool:
         """Whether the engine should report the attention at ``layer`` even where nothing is pruned."""
@@ -45,15 +49,15 @@ class AttentionSelector(TokenSelector):
 class RandomSelector(TokenSelector):
     """Random token drop: same counts as the schedule, tokens chosen uniformly at random (seeded).
 
-    The generator restarts from ``seed`` at each generation, so a rerun drops the same tokens.
+    Each generation draws from a fresh generator seeded with ``seed``, so a rerun drops the same tokens.
     """
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self._generator = torch.Generator().manual_seed(seed)
 
-    def reset(self) -> None:
-        self._generator.manual_seed(self.seed)
+    def begin(self) -> TokenSelector:
+        return RandomSelector(self.seed)
 
     def rank(self, layer: int, attention: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return torch.rand(attention.shape[0], generator=self._generator).to(attention.device)
@@ -69,8 +73,8 @@ class MeanAttentionSelector(TokenSelector):
         self.score_layers = score_layers
         self._sum: torch.Tensor | None = None
 
-    def reset(self) -> None:
-        self._sum = None
+    def begin(self) -> TokenSelector:
+        return MeanAttentionSelector(self.score_layers)
 
     def observes(self, layer: int) -> bool:
         return layer < self.score_layers

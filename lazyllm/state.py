@@ -11,7 +11,10 @@ For each decoder layer ``l`` the state holds
   it is computed at ``l + 1`` its entry here is dropped.
 
 Invariants: ``C_{l+1} ⊆ C_l``; a (position, layer) pair is computed at most once per generation
-(``computed[l, pos] <= 1``, counted when ``track=True``).
+(tests check it on the trace ``LazyLLM.generate(..., trace=True)`` returns).
+
+Bookkeeping that the hot path needs on the host (Aux Cache size, pairs computed) is kept as Python
+counts from tensor shapes, so it never waits for the device.
 """
 
 from __future__ import annotations
@@ -79,26 +82,25 @@ class GenerationState:
     Args:
         num_layers: decoder layers.
         capacity: positions to make room for (prompt + new tokens); grows if exceeded.
-        store_kv: keep keys/values and the Aux Cache for later steps (False for a prefill-only call).
-        track: count how often each (layer, position) is computed, to prove "at most once".
+        store_kv: keep keys/values for later steps (False for a prefill-only call).
+        keep_aux: park pruned tokens' outputs in the Aux Cache (only useful if later steps revive).
     """
 
     def __init__(
-        self, num_layers: int, capacity: int, device: torch.device, *, store_kv: bool, track: bool
+        self, num_layers: int, capacity: int, device: torch.device, *, store_kv: bool, keep_aux: bool
     ) -> None:
         self.num_layers = num_layers
         self.capacity = capacity
         self.device = device
         self.store_kv = store_kv
+        self.keep_aux = store_kv and keep_aux
         self.kv = [LayerKV(capacity) for _ in range(num_layers)]
         self.slot_of = torch.full((num_layers, capacity), -1, dtype=torch.long, device=device)
         self.aux: list[torch.Tensor | None] = [None] * num_layers  # [capacity, hidden] per layer, lazily
         self.aux_has = torch.zeros(num_layers, capacity, dtype=torch.bool, device=device)
-        self.computed = torch.zeros(num_layers, capacity, dtype=torch.int32, device=device) if track else None
+        self.aux_entries = 0
         self.aux_peak_entries = 0
         self.aux_peak_bytes = 0
-        self.prompt_tokens = 0
-        self.visible_prompt: torch.Tensor | None = None  # static pruning: the prompt positions still in play
 
     def ensure_capacity(self, n_positions: int) -> None:
         """Grow the per-position tables to hold ``n_positions`` positions."""
@@ -111,18 +113,23 @@ class GenerationState:
 
         self.slot_of = widen(self.slot_of, -1)
         self.aux_has = widen(self.aux_has, False)
-        if self.computed is not None:
-            self.computed = widen(self.computed, 0)
         self.aux = [None if a is None else torch.cat([a, a.new_zeros(extra, a.shape[1])]) for a in self.aux]
         self.capacity += extra
 
-    def record_computed(self, layer: int, positions: torch.Tensor, first_slot: int) -> None:
-        """Layer ``layer`` just computed ``positions`` ``[q]`` into slots ``first_slot..first_slot+q-1``."""
+    def record_computed(
+        self, layer: int, positions: torch.Tensor, first_slot: int, newest: int | None = None
+    ) -> None:
+        """Layer ``layer`` just computed ``positions`` ``[q]`` into slots ``first_slot..first_slot+q-1``.
+
+        ``newest``: the single position computed, when the caller knows it on the host (a decoding
+        step's new token); written without a device index.
+        """
+        if newest is not None:
+            self.slot_of[layer, newest] = first_slot
+            return
         self.slot_of[layer, positions] = torch.arange(
             first_slot, first_slot + positions.shape[0], device=positions.device
         )
-        if self.computed is not None:
-            self.computed[layer, positions] += 1
 
     def park(self, layer: int, positions: torch.Tensor, hidden: torch.Tensor) -> None:
         """Put the layer-``layer`` outputs ``hidden`` ``[m, hidden]`` of pruned ``positions`` in the Aux Cache."""
@@ -131,10 +138,10 @@ class GenerationState:
             aux = self.aux[layer] = hidden.new_zeros(self.capacity, hidden.shape[-1])
         aux[positions] = hidden
         self.aux_has[layer, positions] = True
-        entries = int(self.aux_has.sum())
-        if entries > self.aux_peak_entries:
-            self.aux_peak_entries = entries
-            self.aux_peak_bytes = entries * hidden.shape[-1] * hidden.element_size()
+        self.aux_entries += positions.shape[0]  # pruned positions leave a layer once: never parked twice
+        if self.aux_entries > self.aux_peak_entries:
+            self.aux_peak_entries = self.aux_entries
+            self.aux_peak_bytes = self.aux_entries * hidden.shape[-1] * hidden.element_size()
 
     def revive(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
         """Take the layer-``layer`` outputs of ``positions`` ``[m]`` out of the Aux Cache: ``[m, hidden]``."""
@@ -144,6 +151,7 @@ class GenerationState:
                 f"Aux Cache of layer {layer} lacks positions {positions.tolist()} (engine bug)"
             )
         self.aux_has[layer, positions] = False
+        self.aux_entries -= positions.shape[0]
         return aux[positions]
 
     def kv_bytes(self) -> int:

@@ -93,11 +93,25 @@ def _rotary(
     return model.model.rotary_emb(hidden, pos)
 
 
+def _segment(percentiles: list[float], first: int) -> int:
+    """Layers first..m a token revived into layer ``first`` runs, m the next pruning (or last) layer."""
+    m = first
+    while m < len(percentiles) - 1 and percentiles[m] == 0:
+        m += 1
+    return m - first + 1
+
+
 @torch.no_grad()
 def reference_generate(
-    model: Any, prompt: list[int], percentiles: list[float], max_new_tokens: int
+    model: Any, prompt: list[int], percentiles: list[float], max_new_tokens: int, revival: str = "dynamic"
 ) -> tuple[list[int], list[torch.Tensor], dict[tuple[int, int], int], list[list[set[int]]]]:
     """LazyLLM greedy decoding with per-token bookkeeping and no batching tricks.
+
+    ``revival`` (decoding steps only): ``"dynamic"`` re-selects at every step; ``"frozen"`` makes each
+    layer's active set the tokens it has computed plus the new one, pruning nothing; ``"budget:B"``
+    re-selects but lets at most B (token, layer) computations besides the new token's happen per step:
+    a candidate not yet computed at the next layer costs the layers up to the next pruning layer, the
+    lowest-ranked candidates beyond what the budget pays for are pruned first.
 
     Every token's *input* hidden state at every layer it was computed at is kept (``inp[l][pos]``),
     as is its output (``out[l][pos]``; the outputs of pruned tokens are the Aux Cache). Keys and values
@@ -118,13 +132,18 @@ def reference_generate(
     step_logits: list[torch.Tensor] = []
     active_sets: list[list[set[int]]] = []
     n_new = len(prompt)
-    for _ in range(max_new_tokens):
+    policy, _, budget_text = revival.partition(":")
+    for step in range(max_new_tokens):
         total = len(tokens)
         t = total - 1
         embeds = core.embed_tokens(torch.tensor([tokens[total - n_new :]]))[0]
         active = list(range(total))
         sets: list[set[int]] = []
+        frozen = policy == "frozen" and step > 0
+        budget = int(budget_text) if policy == "budget" and step > 0 else None
         for layer_idx, layer in enumerate(core.layers):
+            if frozen:  # what this layer computed before, plus t
+                active = sorted(set(inp[layer_idx]) | {t})
             sets.append(set(active))
             kind, window = _window(model.config, layer_idx)
             queries = [x for x in active if x not in inp[layer_idx]]
@@ -159,13 +178,26 @@ def reference_generate(
                 if x == t:
                     probs = captured[0][0, :, -1, :].mean(dim=0)
                     t_attention = {k: float(p) for k, p in zip(keys, probs)}
-            p = percentiles[layer_idx]
+            p = 0.0 if frozen or layer_idx == layers - 1 else percentiles[layer_idx]
             n = len(active)
             k_drop = min(math.floor(p * n / 100 + 1e-9), n - 1) if p > 0 else 0
-            if k_drop:
-                ranked = sorted((x for x in active if x != t), key=lambda x: (t_attention.get(x, 0.0), x))
-                dropped = set(ranked[:k_drop])
+            if k_drop or (p > 0 and budget is not None):
+                score = t_attention.get
+                forbidden: set[int] = set()
+                if budget is not None:
+                    cost = _segment(percentiles, layer_idx + 1)
+                    costly = [x for x in active if x != t and x not in inp[layer_idx + 1]]
+                    over = len(costly) - budget // cost
+                    if over > 0:
+                        forbidden = set(sorted(costly, key=lambda x: (score(x, 0.0), x))[:over])
+                ranked = sorted(
+                    (x for x in active if x != t),
+                    key=lambda x: (-math.inf if x in forbidden else score(x, 0.0), x),
+                )
+                dropped = set(ranked[: max(k_drop, len(forbidden))])
                 active = [x for x in active if x not in dropped]
+                if budget is not None:
+                    budget -= cost * sum(1 for x in active if x != t and x not in inp[layer_idx + 1])
         active_sets.append(sets)
         logits = model.lm_head(core.norm(out[layers - 1][t][None, None]))[0, -1].float()
         cap = getattr(model.config, "final_logit_softcapping", None)

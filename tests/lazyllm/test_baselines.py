@@ -23,11 +23,11 @@ def test_static_pruning_prunes_once_and_never_revives(model_pair: Callable[[str]
     model, _ = model_pair("llama")
     ids = prompt(40, seed=4)
     engine = static_pruning(model, keep_fraction=0.4, score_layers=2)
-    engine.track_computation = True
-    result = engine.generate(ids, max_new_tokens=6, eos_token_id=[])
-    state = engine.last_state
-    assert state is not None and state.computed is not None
-    done = state.slot_of[:, :40] >= 0
+    assert str(engine.schedule.revival) == "frozen"
+    result = engine.generate(ids, max_new_tokens=6, eos_token_id=[], trace=True)
+    assert result.trace is not None
+    counts = result.trace.computed_counts(45)
+    done = counts[:, :40] > 0
     kept = done[2]
     assert int(kept.sum()) == 40 - int(0.6 * 40)
     assert bool(kept[39])
@@ -35,28 +35,36 @@ def test_static_pruning_prunes_once_and_never_revives(model_pair: Callable[[str]
     assert bool(done[:2].all())
     for layer in range(2, 5):
         assert torch.equal(done[layer], kept)
-    assert int(state.computed.max()) == 1
+    assert int(counts.max()) == 1
     assert result.prompt_usage_per_step[0] == result.prompt_usage_per_step[-1]
+    assert result.revived_pairs == 0 and result.aux_peak_entries == 0
     # the decision used the mean attention of layers 0 and 1, not layer 1 alone
-    lazy = LazyLLM(model, engine.schedule).prefill(ids)
-    assert lazy.active_counts == engine.prefill(ids).active_counts
+    lazy = LazyLLM(model, engine.schedule).prefill(ids, return_scores=True)
+    static = engine.prefill(ids, return_scores=True)
+    assert lazy.active_counts == static.active_counts
+    mean = (static.scores[0] + static.scores[1]) / 2
+    survivors = set(static.computed_positions[2].tolist())
+    pruned = set(range(39)) - survivors
+    assert max(float(mean[i]) for i in pruned) <= min(float(mean[i]) for i in survivors - {39})
+    assert static.computed_positions[2].tolist() != lazy.computed_positions[2].tolist()
     with pytest.raises(ValueError, match="keep_fraction"):
         static_pruning(model, keep_fraction=0.0)
 
 
 def test_static_decoding_sees_only_kept_prompt_tokens(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
-    """After the prefill, the active prompt set of every decoding step is the kept set."""
+    """After the prefill, every decoding step's layers past the decision attend the kept prompt tokens."""
     model, _ = model_pair("llama")
     ids = prompt(40, seed=4)
     engine = static_pruning(model, keep_fraction=0.5, score_layers=1)
-    engine.track_computation = True
-    base = engine.generate(ids, max_new_tokens=5, eos_token_id=[], return_logits=True)
-    state = engine.last_state
-    assert state is not None
-    kept = state.slot_of[1, :40] >= 0
-    assert int(kept.sum()) == 20
-    assert base.finish_reason == "length"
-    assert state.visible_prompt is not None and torch.equal(state.visible_prompt, kept.nonzero()[:, 0])
+    result = engine.generate(ids, max_new_tokens=5, eos_token_id=[], trace=True)
+    assert result.trace is not None and result.finish_reason == "length"
+    prefill, *steps = result.trace.passes
+    kept = set(prefill.computed[1].tolist())
+    assert len(kept) == 20
+    for k, step in enumerate(steps, start=1):
+        assert set(step.attended[0].tolist()) == set(range(40 + k))
+        for layer in range(1, 5):
+            assert set(step.attended[layer].tolist()) == kept | set(range(40, 40 + k))
 
 
 def test_random_drop_same_counts(model_pair: Callable[[str], tuple[Any, Any]]) -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
@@ -32,7 +33,7 @@ def test_keep_all_decoding_equals_transformers_generate(
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_pruned_decoding_matches_slow_reference(
     arch: str, data: st.DataObject, model_pair: Callable[[str], tuple[Any, Any]]
@@ -45,28 +46,37 @@ def test_pruned_decoding_matches_slow_reference(
         label="percentiles",
     )
     steps = data.draw(st.integers(1, 6), label="steps")
-    schedule = Schedule(sdpa.config.name_or_path, (*pct, 0.0))
+    revival = data.draw(st.sampled_from(["dynamic", "frozen", "budget:0", "budget:3", "budget:40"]))
+    schedule = Schedule(sdpa.config.name_or_path, (*pct, 0.0), revival=revival)
     ids = prompt(n, seed=data.draw(st.integers(0, 1000), label="seed"))
-    engine = LazyLLM(sdpa, schedule, track_computation=True)
-    result = engine.generate(ids, max_new_tokens=steps, eos_token_id=[], return_logits=True)
-    ref_tokens, ref_logits, ref_count, _ = reference_generate(
-        eager, ids[0].tolist(), list(schedule.percentiles), steps
+    result = LazyLLM(sdpa, schedule).generate(
+        ids, max_new_tokens=steps, eos_token_id=[], return_logits=True, trace=True
+    )
+    ref_tokens, ref_logits, ref_count, ref_sets = reference_generate(
+        eager, ids[0].tolist(), list(schedule.percentiles), steps, revival
     )
 
     assert result.token_ids == ref_tokens
     for ours, theirs in zip(result.step_logits, ref_logits):
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
-    state = engine.last_state
-    assert state is not None and state.computed is not None
+    assert result.trace is not None and result.revival == revival
     total = n + steps - 1
+    counts = result.trace.computed_counts(total)
     # each (layer, position) computed at most once, and exactly the pairs the reference computed
-    assert int(state.computed.max()) <= 1
-    ours = {(layer, pos) for layer, pos in (state.computed[:, :total] > 0).nonzero().tolist()}
-    assert ours == set(ref_count)
+    assert int(counts.max()) <= 1
+    assert result.trace.computed_pairs() == set(ref_count)
     assert max(ref_count.values()) == 1
-    # C_{l+1} is a subset of C_l
-    done = state.slot_of[:, :total] >= 0
+    # C_{l+1} is a subset of C_l; every step attends the reference's active sets
+    done = counts > 0
     assert bool((done[1:] <= done[:-1]).all())
+    for step, (ours_pass, ref_layers) in enumerate(zip(result.trace.passes, ref_sets)):
+        assert [set(a.tolist()) for a in ours_pass.attended] == ref_layers, f"step {step}"
+    extra = result.trace.extra_pairs_per_step()
+    assert result.revived_pairs == sum(extra)
+    if revival == "frozen":
+        assert extra == [0] * (steps - 1) and result.aux_peak_entries == 0
+    if revival.startswith("budget:"):
+        assert all(e <= int(revival.split(":")[1]) for e in extra)
 
 
 def test_tokens_come_back_from_the_aux_cache(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
@@ -74,19 +84,57 @@ def test_tokens_come_back_from_the_aux_cache(model_pair: Callable[[str], tuple[A
     sdpa, eager = model_pair("llama")
     schedule = Schedule("tiny-llama", (0.0, 70.0, 0.0, 70.0, 0.0))
     ids = prompt(40, seed=11)
-    engine = LazyLLM(sdpa, schedule, track_computation=True)
-    result = engine.generate(ids, max_new_tokens=8, eos_token_id=[])
-    state = engine.last_state
-    assert state is not None and state.computed is not None
+    result = LazyLLM(sdpa, schedule).generate(ids, max_new_tokens=8, eos_token_id=[], trace=True)
+    assert result.trace is not None
+    counts = result.trace.computed_counts(47)
     # layer 2 computed more prompt tokens over the generation than the prefill alone chose
     prefill_counts = schedule.keep_counts(40)
-    assert int((state.slot_of[2, :40] >= 0).sum()) > prefill_counts[2]
-    assert result.aux_peak_entries > 0
-    assert int(state.computed.max()) == 1
+    assert int((counts[2, :40] > 0).sum()) > prefill_counts[2]
+    assert result.aux_peak_entries > 0 and result.revived_pairs > 0
+    assert int(counts.max()) == 1
     usage = result.prompt_usage_per_step
     assert usage == sorted(usage) and 0 < usage[0] < 1
+    assert result.prompt_usage_per_step[-1] == pytest.approx(float((counts[:, :40] > 0).float().mean()))
     ref_tokens, *_ = reference_generate(eager, ids[0].tolist(), list(schedule.percentiles), 8)
     assert result.token_ids == ref_tokens
+
+
+def test_frozen_decoding_attends_the_prefill_survivors(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
+    sdpa, _ = model_pair("qwen2")
+    schedule = Schedule("tiny-qwen2", (0.0, 60.0, 0.0, 50.0, 0.0), revival="frozen")
+    ids = prompt(40, seed=2)
+    result = LazyLLM(sdpa, schedule).generate(ids, max_new_tokens=5, eos_token_id=[], trace=True)
+    assert result.trace is not None
+    prefill, *steps = result.trace.passes
+    assert [int(c.shape[0]) for c in prefill.computed] == schedule.keep_counts(40)
+    for k, step in enumerate(steps, start=1):
+        generated = set(range(40, 40 + k))
+        for layer in range(5):
+            assert set(step.attended[layer].tolist()) == set(prefill.computed[layer].tolist()) | generated
+            assert step.computed[layer].tolist() == [39 + k]  # only the new token
+        assert step.scores == {}  # nothing ranked: no scoring work in a frozen step
+    assert result.aux_peak_entries == 0 and result.revived_pairs == 0
+    assert result.prompt_usage_per_step == [result.prompt_usage_per_step[0]] * 5
+
+
+def test_budget_bounds_revivals_and_is_dynamic_when_large(
+    model_pair: Callable[[str], tuple[Any, Any]],
+) -> None:
+    sdpa, _ = model_pair("llama")
+    base = Schedule("tiny-llama", (0.0, 70.0, 0.0, 70.0, 0.0))
+    ids = prompt(40, seed=11)
+    dynamic = LazyLLM(sdpa, base).generate(ids, max_new_tokens=8, eos_token_id=[], trace=True)
+    assert dynamic.trace is not None and max(dynamic.trace.extra_pairs_per_step()) > 4
+    tight = LazyLLM(sdpa, base.with_revival("budget:4")).generate(
+        ids, max_new_tokens=8, eos_token_id=[], trace=True
+    )
+    assert tight.trace is not None
+    assert max(tight.trace.extra_pairs_per_step()) <= 4 < max(dynamic.trace.extra_pairs_per_step())
+    assert tight.revived_pairs > 0
+    large = LazyLLM(sdpa, base.with_revival("budget:100000")).generate(
+        ids, max_new_tokens=8, eos_token_id=[], return_logits=True
+    )
+    assert large.token_ids == dynamic.token_ids and large.revived_pairs == dynamic.revived_pairs
 
 
 def test_random_drop_is_seeded_and_keeps_counts(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
@@ -119,3 +167,37 @@ def test_stop_rules(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
         engine.generate(ids, stop_strings=["\n"])
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate(ids, max_new_tokens=0)
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts tensor reads that make the host wait for the device (each one stalls a GPU)."""
+
+    READS = frozenset({"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero", "numpy"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(func, "__name__", "") in self.READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("revival", ["dynamic", "frozen"])
+def test_decoding_without_revival_reads_the_device_once_per_step(
+    revival: str, model_pair: Callable[[str], tuple[Any, Any]]
+) -> None:
+    """Keep-all (any policy) and frozen decoding: the next token is the only host read of a step."""
+    sdpa, _ = model_pair("llama")
+    schedules = [Schedule.keep_all("tiny-llama", 5).with_revival(revival)]
+    if revival == "frozen":
+        schedules.append(Schedule("tiny-llama", (0.0, 50.0, 0.0, 50.0, 0.0), revival="frozen"))
+    for schedule in schedules:
+        engine = LazyLLM(sdpa, schedule)
+        reads = []
+        for steps in (3, 7):
+            with _HostReads() as counter:
+                engine.generate(prompt(30), max_new_tokens=steps, eos_token_id=[])
+            reads.append(counter.count)
+        assert reads[1] - reads[0] == 4, (schedule, reads)

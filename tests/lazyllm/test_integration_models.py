@@ -84,13 +84,10 @@ def test_smollm2_keep_all_generation_equals_transformers(smollm2: tuple[Any, Any
 def test_smollm2_pruned_generation_computes_each_pair_once(smollm2: tuple[Any, Any]) -> None:
     model, tokenizer = smollm2
     ids = real_text_ids(tokenizer, 400)
-    engine = LazyLLM(
-        model, Schedule.paper_style("smollm2-135m", 30), tokenizer=tokenizer, track_computation=True
-    )
-    result = engine.generate(ids, max_new_tokens=16, eos_token_id=[])
-    state = engine.last_state
-    assert state is not None and state.computed is not None
-    assert int(state.computed.max()) == 1
+    engine = LazyLLM(model, Schedule.paper_style("smollm2-135m", 30), tokenizer=tokenizer)
+    result = engine.generate(ids, max_new_tokens=16, eos_token_id=[], trace=True)
+    assert result.trace is not None
+    assert int(result.trace.computed_counts(415).max()) == 1
     assert 0.7 < result.prompt_computed_fraction < 1.0
     assert result.prompt_usage_per_layer[:15] == [1.0] * 15
     assert result.prompt_usage_per_step == sorted(result.prompt_usage_per_step)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lazyllm.schedule import FORMAT_NAME, Schedule, num_pruned
+from lazyllm.schedule import FORMAT_NAME, Revival, Schedule, num_pruned
 
 
 def test_rounding_rule_values() -> None:
@@ -54,13 +54,61 @@ def test_json_round_trip_with_metadata(tmp_path) -> None:
     loaded = Schedule.load(path)
     assert loaded == s and loaded.metadata == s.metadata
     data = json.loads(path.read_text())
-    assert data["format"] == FORMAT_NAME and data["version"] == 1 and data["num_layers"] == 4
+    assert data["format"] == FORMAT_NAME and data["version"] == 2 and data["num_layers"] == 4
+    assert data["revival"] == {"policy": "dynamic"}
 
 
-@given(st.lists(st.floats(0, 99.99, allow_nan=False), min_size=1, max_size=40))
-def test_round_trip_property(values: list[float]) -> None:
-    s = Schedule("m", (*tuple(values[:-1]), 0.0))
+revivals = st.one_of(
+    st.sampled_from(["dynamic", "frozen"]).map(Revival),
+    st.integers(0, 10_000).map(lambda b: Revival("budget", b)),
+)
+
+
+@given(st.lists(st.floats(0, 99.99, allow_nan=False), min_size=1, max_size=40), revivals)
+def test_round_trip_property(values: list[float], revival: Revival) -> None:
+    s = Schedule("m", (*tuple(values[:-1]), 0.0), revival=revival)
     assert Schedule.from_json(s.to_json()) == s
+    assert Revival.parse(str(revival)) == revival
+
+
+def test_revival_policy_is_part_of_the_schedule() -> None:
+    s = Schedule("m", (0, 50, 0))
+    assert s.revival == Revival("dynamic") and s.revival.revives
+    frozen = s.with_revival("frozen")
+    assert frozen != s and frozen.percentiles == s.percentiles and not frozen.revival.revives
+    assert Schedule("m", (0, 50, 0), revival="budget:8").revival == Revival("budget", 8)
+    assert json.loads(s.with_revival("budget:8").to_json())["revival"] == {"policy": "budget", "budget": 8}
+
+
+def test_version_1_files_load_as_dynamic(tmp_path) -> None:
+    v1 = '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 3, "percentiles": [0, 40, 0]}'
+    s = Schedule.from_json(v1)
+    assert s == Schedule("m", (0, 40, 0)) and s.revival == Revival("dynamic")
+    assert json.loads(s.to_json())["version"] == 2  # written back in the current version
+    with pytest.raises(ValueError, match="unknown field"):  # version 1 never had a revival field
+        Schedule.from_json(v1[:-1] + ', "revival": {"policy": "frozen"}}')
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("sometimes", "revival policy = 'sometimes': unknown. Available: dynamic, frozen, budget"),
+        ("budget", "write the budget as 'budget:N'"),
+        ("budget:-1", "budget:N"),
+        ("budget:x", "budget:N"),
+        ("frozen:3", "only 'budget:N' takes a number"),
+    ],
+)
+def test_invalid_revival(value: str, fragment: str) -> None:
+    with pytest.raises(ValueError) as err:
+        Schedule("m", (0, 0), revival=value)
+    assert fragment in str(err.value)
+    with pytest.raises(ValueError, match="only policy 'budget' takes a budget"):
+        Revival("frozen", 3)
+    with pytest.raises(ValueError, match="must be an object"):
+        Schedule.from_json(
+            Schedule("m", (0,)).to_json().replace('{\n    "policy": "dynamic"\n  }', '"frozen"')
+        )
 
 
 @pytest.mark.parametrize(
@@ -91,7 +139,11 @@ def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
         ("{", "not valid JSON"),
         ("[1, 2]", "must be an object"),
         ('{"format": "other"}', "format = 'other'"),
-        ('{"format": "lazyllm-schedule", "version": 2}', "version = 2"),
+        ('{"format": "lazyllm-schedule", "version": 3}', "version = 3"),
+        (
+            '{"format": "lazyllm-schedule", "version": 2, "model": "m", "num_layers": 1, "percentiles": [0]}',
+            "missing field 'revival'",
+        ),
         (
             '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 3, "percentiles": [0, 0]}',
             "num_layers = 3 but percentiles has 2",
