@@ -31,6 +31,7 @@ from lazyllm.methods import make_method
 from lazyllm.models import ModelLoadError, load_model
 from lazyllm.schedule import Schedule
 from tuner.evaluation import EvalConfig, Evaluator, summarize
+from tuner.redact import redact_url
 from tuner.results import export_study
 from tuner.settings import SAMPLERS, SPEEDUP_MODES, SearchSettings, resolve_settings
 from tuner.spaces import list_spaces, load_space
@@ -42,7 +43,7 @@ from tuner.study import (
     study_lock,
     warm_start,
 )
-from tuner.tracking import Tracker, check_reachable, default_tracking_uri, wanted
+from tuner.tracking import Tracker, check_reachable, default_tracking_uri, end_open_runs, wanted
 from tuner.workers import run_trials, worker_device, worker_threads
 
 
@@ -106,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--tracking-uri",
         help="MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: sqlite file in the study folder; 'none' = off)",
+    )
+    g.add_argument(
+        "--register", metavar="NAME", help="register the recommended schedule as MLflow model NAME"
     )
     return p
 
@@ -298,7 +302,7 @@ def run(settings: SearchSettings) -> int:
     model, tokenizer, tracking_uri = session.model, session.tokenizer, session.tracking_uri
     print(
         f"study {settings.name}: {len(evaluator.examples)} validation examples of {settings.task}, "
-        f"storage {settings.storage_url}, {finished_trials(study)}/{settings.n_trials} trials finished, "
+        f"storage {redact_url(settings.storage_url)}, {finished_trials(study)}/{settings.n_trials} trials finished, "
         f"{settings.n_workers} worker(s)"
     )
     if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
@@ -327,16 +331,8 @@ def run(settings: SearchSettings) -> int:
                   f"(n={r['n_validation']}); test {r['test_speedup']:.2f}x / loss {r['test_loss']:.2f} "
                   f"(score {r['test_score']:.2f} vs {r['test_baseline_score']:.2f}, n={r['n_test']})")  # fmt: skip
     if tracker is not None:
-        d = settings.study_dir
-        files = [d / n for n in ("pareto.json", "pareto.csv", "pareto.png", "pareto.html", "keep_curves.png",
-                                 "keep_curves.html", "recommended.json", "heldout.json", "pareto")]  # fmt: skip
-        best = exported["front"][0] if exported["front"] else None
-        headline = (
-            {"best_speedup": best["speedup"], "best_speedup_loss": best["accuracy_loss"]} if best else {}
-        )
-        headline["n_trials"] = float(finished_trials(study))
-        tracker.log_study(files, headline)
-        print(f"MLflow: parent run {tracker.parent_id} at {tracking_uri}")
+        status = tracker.end_study()  # results as artifacts, counts, FINISHED (or KILLED on timeout)
+        print(f"MLflow: parent run {tracker.parent_id} ({status}) at {redact_url(tracking_uri)}")
     print(f"\nresults: {settings.study_dir}/ (recommended.json, pareto/, pareto.png, keep_curves.png)")
     if exported["recommended"]:
         print(f"load it: Schedule.load({str(exported['recommended'])!r})")
@@ -349,9 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(argv)
         return run(settings)
     except KeyboardInterrupt:
+        end_open_runs("KILLED", "interrupted (Ctrl-C)")
         print("\ninterrupted: finished trials are saved; rerun the same command to resume", file=sys.stderr)
         return 130
     except (ValueError, ModelLoadError) as exc:
+        end_open_runs("FAILED", f"error: {exc}")
         if debug:
             raise
         print(f"error: {exc}", file=sys.stderr)

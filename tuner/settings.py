@@ -50,6 +50,7 @@ class SearchSettings:
     split_seed: int = 0
     heldout: bool = True
     tracking_uri: str | None = None
+    register: str | None = None  # registered model name for the recommended schedule (tuner.registry)
     n_workers: int = 1
     trust_remote_code: bool = False
     heartbeat_interval: int = 10
