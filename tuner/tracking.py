@@ -54,7 +54,7 @@ from optuna.trial import FrozenTrial, TrialState
 import lazyllm
 from lazyllm.schedule import Schedule
 from tuner.redact import redact_text, redact_url
-from tuner.results import trial_schedule
+from tuner.results import render_plots, trial_schedule
 from tuner.settings import SearchSettings
 from tuner.study import recommended_trial
 
@@ -263,6 +263,8 @@ class Tracker:
         from mlflow.entities import Metric
 
         folder = self.settings.study_dir
+        if files is None and (folder / "pareto.json").exists():
+            render_plots(self.study, folder, self.settings.max_accuracy_loss)  # now with heldout.json's pick
         paths = files if files is not None else [folder / name for name in STUDY_FILES]
         self.sync_failed()
         now = int(time.time() * 1000)
