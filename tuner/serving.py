@@ -22,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from lazyllm.schedule import Schedule
 
 MODEL_CODE = Path(__file__).resolve().with_name("pyfunc_model.py")
@@ -50,9 +52,10 @@ def save_model(schedule: Schedule, path: Path, base_model: str | None = None) ->
 
     import lazyllm
 
+    # the signature is explicit (predict's DataFrame hint keeps MLflow from inferring one) and there is
+    # no input example: MLflow would load the base model to check it
     with tempfile.TemporaryDirectory(prefix="lazyllm-model-") as tmp, warnings.catch_warnings():
-        # the signature is explicit: no type-hint inference, no input example (it would load the model)
-        warnings.simplefilter("ignore", UserWarning)
+        warnings.filterwarnings("ignore", message=".*input example was not provided")
         file = schedule.save(Path(tmp) / "schedule.json")
         mlflow.pyfunc.save_model(
             str(path),
@@ -95,7 +98,10 @@ class ScheduleModel:
         model, tokenizer = load_model(base)
         self.llm = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False)
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> list[str]:
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> list[str]:
+        """One generated text per prompt (MLflow passes a one-column DataFrame; lists work too)."""
         params = params or {}
         max_new = int(params.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
         chat = bool(params.get("chat", True))
