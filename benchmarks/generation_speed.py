@@ -101,7 +101,9 @@ def transformers_run(model: Any, ids: torch.Tensor, new_tokens: int) -> Run:
 
 def engine_run(engine: LazyLLM, ids: torch.Tensor, new_tokens: int) -> Run:
     r = engine.generate(ids, max_new_tokens=new_tokens, eos_token_id=[])
-    return Run(r.ttft_s, r.total_s, r.token_ids, r.prompt_computed_fraction, r.revived_pairs / max(1, new_tokens - 1))
+    return Run(
+        r.ttft_s, r.total_s, r.token_ids, r.prompt_computed_fraction, r.revived_pairs / max(1, new_tokens - 1)
+    )
 
 
 def spread(values: list[float]) -> str:
@@ -155,7 +157,9 @@ def main() -> int:
             f"| {'method':<30} | {'TTFT x':<17} | {'total x':<17} | decode ms/tok | prompt pairs % "
             "| revived/step | same tokens |"
         )
-        print(f"|{'-' * 32}|{'-' * 19}|{'-' * 19}|---------------|----------------|--------------|-------------|")
+        print(
+            f"|{'-' * 32}|{'-' * 19}|{'-' * 19}|---------------|----------------|--------------|-------------|"
+        )
         for k, rs in results.items():
             ttft = [b.ttft_s / r.ttft_s for b, r in zip(base, rs)]
             total = [b.total_s / r.total_s for b, r in zip(base, rs)]

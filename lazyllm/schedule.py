@@ -379,10 +379,12 @@ class Schedule:
 
     @classmethod
     def from_mlflow(cls, run: str, tracking_uri: str | None = None) -> Schedule:
-        """Load the ``schedule.json`` artifact of an MLflow run (a run id or ``runs:/<id>/schedule.json``).
+        """Load a schedule from MLflow: a run id, ``runs:/<id>/schedule.json``, or a registered model
+        version, ``models:/NAME@alias`` or ``models:/NAME/<version>`` (the ``schedule.json`` bundled in
+        the model that ``python -m tuner.export --register NAME`` made).
 
         Needs the ``mlflow`` package, imported here only (the engine itself never imports it).
-        ``tracking_uri`` defaults to MLflow's own (``$MLFLOW_TRACKING_URI``).
+        ``tracking_uri`` defaults to MLflow's own (``$MLFLOW_TRACKING_URI``); the registry is the same store.
         """
         try:
             import mlflow
@@ -390,15 +392,35 @@ class Schedule:
             raise ValueError("Schedule.from_mlflow needs the mlflow package: pip install mlflow") from None
         import tempfile
 
-        uri = run if run.startswith("runs:/") else f"runs:/{run}/schedule.json"
+        uri = run if run.startswith(("runs:/", "models:/")) else f"runs:/{run}/schedule.json"
         with tempfile.TemporaryDirectory(prefix="lazyllm-schedule-") as tmp:
             try:
-                path = mlflow.artifacts.download_artifacts(
-                    artifact_uri=uri, dst_path=tmp, tracking_uri=tracking_uri
+                if uri.startswith("models:/"):  # resolved here: MLflow would use its global registry URI
+                    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+                    name, at, alias = uri[len("models:/") :].partition("@")
+                    if at:
+                        found = client.get_model_version_by_alias(name, alias)
+                    else:
+                        name, _, number = name.partition("/")
+                        if not number.isdigit():
+                            raise ValueError("give models:/NAME@alias or models:/NAME/<version number>")
+                        found = client.get_model_version(name, number)
+                    source = client.get_model_version_download_uri(found.name, found.version)
+                else:
+                    source = uri
+                path = Path(
+                    mlflow.artifacts.download_artifacts(
+                        artifact_uri=source, dst_path=tmp, tracking_uri=tracking_uri
+                    )
                 )
-            except Exception as exc:  # MLflow raises several types for a missing run or artifact
+            except Exception as exc:  # MLflow raises several types for a missing run, model or artifact
                 first = (str(exc).splitlines() or [type(exc).__name__])[0]
                 raise ValueError(f"cannot download {uri} from MLflow: {first}") from None
+            if path.is_dir():  # a model folder: the schedule is one of its artifacts
+                files = sorted(path.rglob("schedule.json"))
+                if not files:
+                    raise ValueError(f"{uri} holds no schedule.json (not a lazyllm schedule model?)")
+                path = files[0]
             return cls.load(path)
 
     @classmethod

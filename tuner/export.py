@@ -1,24 +1,112 @@
-"""Export schedules from a finished study or from an MLflow run.
+"""Export schedules from a finished study or from an MLflow run, and register them in MLflow.
 
     python -m tuner.export --study-name NAME --storage URL [--max-accuracy-loss 2] [--out DIR]
     python -m tuner.export --mlflow-run RUN_ID --out s.json [--tracking-uri URI]
+    python -m tuner.export --study-name NAME --storage URL --register MODEL [--alias champion] [--tracking-uri URI]
+    python -m tuner.export --mlflow-run RUN_ID --register MODEL [--alias champion] [--tracking-uri URI]
 
 The first re-exports the Pareto front, ``recommended.json`` and the plots from any Optuna storage
 (same pick rule as tuner.search: the fastest trial within the loss budget); the second downloads the
-``schedule.json`` a trial's MLflow run holds and writes it to ``--out``.
+``schedule.json`` a trial's MLflow run holds and writes it to ``--out``. ``--register`` makes the
+recommended schedule (or the run's) a new version of registered model MODEL, with its metrics and
+provenance as tags (:mod:`tuner.registry`); ``--alias`` also points that alias at it. Load it with
+``Schedule.from_mlflow("models:/MODEL@champion")``.
+
+It only reads what exists: a missing SQLite file or MLflow store is an error, never created.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 
 from lazyllm.schedule import Schedule
+from tuner.redact import redact_url
 from tuner.results import export_study
+from tuner.study import recommended_trial
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL (None for other schemes)."""
+    if not url.startswith("sqlite:"):
+        return None
+    path = url.split("///", 1)[1] if "///" in url else ""
+    return Path(path.split("?", 1)[0]) if path and path != ":memory:" else None
+
+
+def load_existing_study(name: str, storage: str) -> optuna.Study:
+    """Load study ``name``; a missing SQLite file, an empty database or an unknown name is an error."""
+    file = _sqlite_file(storage)
+    if storage.startswith("sqlite:") and (file is None or not file.is_file()):
+        raise ValueError(f"no study storage at {redact_url(storage)} (file not found); check --storage")
+    if file is None:  # a server database: do not let Optuna create its tables in it
+        import sqlalchemy
+
+        try:
+            engine = sqlalchemy.create_engine(storage)
+            has_studies = sqlalchemy.inspect(engine).has_table("studies")
+            engine.dispose()
+        except Exception as exc:  # driver errors of many types: one line
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ValueError(f"cannot open Optuna storage {redact_url(storage)}: {first}") from None
+        if not has_studies:
+            raise ValueError(f"no Optuna study in {redact_url(storage)}; check --storage")
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise ValueError(f"no study {name!r} in {redact_url(storage)}") from None
+
+
+def existing_tracking_uri(uri: str | None, fallback: str | None = None) -> str:
+    """The MLflow tracking URI to read: the flag, ``$MLFLOW_TRACKING_URI``, ``fallback``, MLflow's
+    default; a local store (SQLite file or folder) that does not exist is an error."""
+    import mlflow
+
+    chosen = uri or os.environ.get("MLFLOW_TRACKING_URI") or fallback or mlflow.get_tracking_uri()
+    if chosen.startswith(("http://", "https://", "databricks")):
+        return chosen
+    file = _sqlite_file(chosen)
+    if chosen.startswith("sqlite:"):
+        if file is None or not file.is_file():
+            raise ValueError(f"no MLflow store at {redact_url(chosen)} (file not found); pass --tracking-uri")
+        return chosen
+    folder = Path(chosen[len("file://") :] if chosen.startswith("file://") else chosen)
+    if not folder.is_dir():
+        raise ValueError(f"no MLflow store at {chosen} (folder not found); pass --tracking-uri")
+    return chosen
+
+
+def _client(uri: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _from_run(args: argparse.Namespace) -> int:
+    from tuner.registry import register_schedule
+
+    if args.out is None and args.register is None:
+        raise ValueError("--mlflow-run needs --out FILE.json or --register NAME")
+    uri = existing_tracking_uri(args.tracking_uri)
+    schedule = Schedule.from_mlflow(args.mlflow_run, tracking_uri=uri)
+    if args.out is not None:
+        print(f"wrote {schedule.save(args.out)} ({schedule.model}, {schedule.num_layers} layers)")
+    if args.register:
+        run_id = args.mlflow_run.removeprefix("runs:/").split("/", 1)[0]
+        version = register_schedule(_client(uri), schedule, args.register, run_id=run_id, alias=args.alias)
+        _print_version(version, args.alias)
+    return 0
+
+
+def _print_version(version: Any, alias: str | None) -> None:
+    where = f"models:/{version.name}@{alias}" if alias else f"models:/{version.name}/{version.version}"
+    print(f"registered {version.name} version {version.version}; load it: Schedule.from_mlflow({where!r})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,36 +115,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     src.add_argument("--study-name", help="Optuna study to export (with --storage)")
     src.add_argument("--mlflow-run", help="MLflow run id (or runs:/<id>/schedule.json) holding schedule.json")
     p.add_argument("--storage", help="Optuna storage URL of the study, e.g. sqlite:///runs/<study>/study.db")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the store the study logged to)",
+    )
     p.add_argument(
         "--max-accuracy-loss", type=float, help="loss budget for recommended.json (default: the study's)"
     )
     p.add_argument("--out", type=Path, help="output folder (study) or file (MLflow run)")
+    p.add_argument(
+        "--register", metavar="NAME", help="register the schedule as a version of MLflow model NAME"
+    )
+    p.add_argument("--alias", help="with --register: point this alias (e.g. champion) at the new version")
     args = p.parse_args(argv)
     try:
+        if args.alias and not args.register:
+            raise ValueError("--alias needs --register NAME")
+        if args.register:
+            from tuner.registry import check_name
+
+            check_name(args.register, args.alias)
         if args.mlflow_run:
-            if args.out is None:
-                raise ValueError("--mlflow-run needs --out FILE.json")
-            schedule = Schedule.from_mlflow(args.mlflow_run, tracking_uri=args.tracking_uri)
-            print(f"wrote {schedule.save(args.out)} ({schedule.model}, {schedule.num_layers} layers)")
-            return 0
+            return _from_run(args)
         if not args.storage:
             raise ValueError("--study-name needs --storage URL")
-        try:
-            study = optuna.load_study(study_name=args.study_name, storage=args.storage)
-        except KeyError:
-            raise ValueError(f"no study {args.study_name!r} in {args.storage}") from None
+        study = load_existing_study(args.study_name, args.storage)
         budget = args.max_accuracy_loss
         if budget is None:
             budget = float(study.user_attrs.get("identity", {}).get("max_accuracy_loss", 0.0))
+        if args.register:  # check the MLflow store before writing anything
+            logged = str(study.user_attrs.get("mlflow_tracking_uri") or "")
+            uri = existing_tracking_uri(args.tracking_uri, logged if "***" not in logged else None)
         out = args.out or Path("runs") / args.study_name
         exported = export_study(study, out, budget)
+        print(
+            f"{len(exported['front'])} Pareto schedules in {out}/pareto/; recommended: {exported['recommended']}"
+        )
+        if args.register:
+            from tuner.registry import register_trial
+
+            best = recommended_trial(study, budget)
+            if best is None:
+                raise ValueError(f"no trial within the loss budget {budget}: nothing to register")
+            tags = {"storage": redact_url(args.storage), "max_accuracy_loss": budget}
+            version = register_trial(_client(uri), study, best, args.register, alias=args.alias, tags=tags)
+            _print_version(version, args.alias)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"{len(exported['front'])} Pareto schedules in {out}/pareto/; recommended: {exported['recommended']}"
-    )
     return 0
 
 

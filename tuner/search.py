@@ -18,8 +18,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lazyllm.cli import cli_main
-from tuner.redact import redact
+from lazyllm.cli import USER_ERRORS, cli_main, one_line
+from tuner.redact import redact_text
 from tuner.settings import EvalSettings, SearchSettings, add_flags, resolve_settings
 
 RESUME_HINT = "interrupted: finished trials are saved; rerun the same command to resume"
@@ -53,10 +53,19 @@ def parse_settings(argv: Sequence[str] | None) -> SearchSettings:
 def main(argv: Sequence[str] | None = None) -> int:
     def run(args: argparse.Namespace) -> int:
         from tuner.session import run_study  # heavy imports only once the flags parse
+        from tuner.tracking import end_open_runs
 
-        return run_study(settings_from_args(args))
+        settings = settings_from_args(args)
+        try:
+            return run_study(settings)
+        except KeyboardInterrupt:
+            end_open_runs("KILLED", "interrupted (Ctrl-C)")  # the parent run says so; a rerun reopens it
+            raise
+        except USER_ERRORS as exc:
+            end_open_runs("FAILED", f"error: {one_line(exc)}")
+            raise
 
-    return cli_main(_parser(), run, argv, interrupted=RESUME_HINT, redact=redact)
+    return cli_main(_parser(), run, argv, interrupted=RESUME_HINT, redact=redact_text)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from lazyllm.schedule import Schedule
 from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator
 from tuner.heldout import heldout_check
-from tuner.redact import redact
+from tuner.redact import redact_url
 from tuner.results import export_study
 from tuner.settings import SearchSettings
 from tuner.spaces import load_space
@@ -160,7 +160,7 @@ def run_study(settings: SearchSettings) -> int:
     study, tracker, evaluator = session.study, session.tracker, session.evaluator
     print(
         f"study {settings.name}: {len(evaluator.examples)} validation examples of {settings.task}, "
-        f"storage {redact(settings.storage_url)}, {finished_trials(study)}/{settings.n_trials} trials finished, "
+        f"storage {redact_url(settings.storage_url)}, {finished_trials(study)}/{settings.n_trials} trials finished, "
         f"{settings.n_workers} worker(s)"
     )
     if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
@@ -181,16 +181,8 @@ def run_study(settings: SearchSettings) -> int:
                   f"(n={r['n_validation']}); test {r['test_speedup']:.2f}x / loss {r['test_loss']:.2f} "
                   f"(score {r['test_score']:.2f} vs {r['test_baseline_score']:.2f}, n={r['n_test']})")  # fmt: skip
     if tracker is not None:
-        d = settings.study_dir
-        files = [d / n for n in ("pareto.json", "pareto.csv", "pareto.png", "pareto.html", "keep_curves.png",
-                                 "keep_curves.html", "recommended.json", "heldout.json", "pareto")]  # fmt: skip
-        best = exported["front"][0] if exported["front"] else None
-        headline = (
-            {"best_speedup": best["speedup"], "best_speedup_loss": best["accuracy_loss"]} if best else {}
-        )
-        headline["n_trials"] = float(finished_trials(study))
-        tracker.log_study(files, headline)
-        print(f"MLflow: parent run {tracker.parent_id} at {session.tracking_uri}")
+        status = tracker.end_study()  # results as artifacts, counts, FINISHED (or KILLED on timeout)
+        print(f"MLflow: parent run {tracker.parent_id} ({status}) at {redact_url(session.tracking_uri)}")
     print(f"\nresults: {settings.study_dir}/ (recommended.json, pareto/, pareto.png, keep_curves.png)")
     if exported["recommended"]:
         print(f"load it: Schedule.load({str(exported['recommended'])!r})")

@@ -135,6 +135,9 @@ class SearchSettings(EvalSettings):
         default=None,
         metadata=_help("MLflow tracking URI (default: sqlite file in the study folder; 'none' = off)"),
     )
+    register: str | None = field(
+        default=None, metadata=_help("register the recommended schedule as this MLflow registered model")
+    )
     n_workers: int = field(default=1, metadata=_help("local worker processes on this study"))
     heartbeat_interval: int = field(default=10, metadata=_help("seconds between trial heartbeats"))
     heartbeat_grace: int = field(

@@ -228,7 +228,7 @@ def open_study(settings: SearchSettings, num_layers: int) -> optuna.Study:
         study.set_user_attr("lazyllm_version", lazyllm.__version__)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(["ttft_speedup", "accuracy_loss"])
+            study.set_metric_names(["speedup", "accuracy_loss"])  # MLflow and pareto.json names
     elif stored != identity:
         diff = {k: (stored.get(k), v) for k, v in identity.items() if stored.get(k) != v}
         raise ValueError(

@@ -3,19 +3,36 @@
 Why not optuna-integration's ``MLflowCallback``: it logs through MLflow's fluent API, whose *active
 run* is process-global state, so it cannot keep a study-level parent run open across workers and
 resumes (it has no ``nested=True`` parent of its own) and it misbehaves with ``n_jobs > 1``. This
-module uses ``MlflowClient`` with explicit run ids only: nothing global, safe in any worker.
+module uses ``MlflowClient`` with explicit run ids only, safe in any worker.
 
 * **Parent run** (run name = study name, tag ``lazyllm.role=study``): created once. Its id is kept in
   the study's user attrs so every worker and every resume finds it. Two workers starting at once may
   both create one; each then lists the study's parent runs and keeps the oldest, and a worker whose
-  own run lost deletes it, so exactly one remains.
-* **Child run** per finished trial (run name ``trial-<n>``, tag ``mlflow.parentRunId``): params (the
-  trial's search-space parameters, search space, sampler, seed, model, task, truncation), metrics
-  (speedup, accuracy loss, score, baseline score, per-dataset scores, FLOP speedup, prompt pairs
-  computed), artifact ``schedule.json``; status FINISHED, KILLED for pruned trials (tag
-  ``optuna.state=PRUNED``) or FAILED.
+  own run lost deletes it, so exactly one remains. Params: the study identity (the objective's kind
+  as ``speedup_kind``), sampler, seed and the storage URL with its password masked.
+* **Lifecycle of the parent**: RUNNING while a process works on the study (a resume reopens it);
+  :meth:`Tracker.end_study` ends it FINISHED once the study holds its ``n_trials`` finished trials
+  (KILLED with ``lazyllm.end_reason`` when the run stopped on ``--timeout`` first);
+  :func:`end_open_runs` ends it KILLED on Ctrl-C and FAILED on an error. Its metrics count trials
+  (``finished_trials`` = COMPLETE + PRUNED, what ``n_trials`` counts; ``complete_trials``,
+  ``pruned_trials``, ``failed_trials``, the target ``n_trials``) and name the recommendation
+  (``recommended.speedup``, ``recommended.accuracy_loss``, ``recommended.trial``).
+* **Child run** per trial that ran (run name ``trial-<n>``, tag ``mlflow.parentRunId``), with the
+  trial's real start and end time: params (the trial's search-space parameters, search space,
+  sampler, seed, model, task, truncation, ``speedup_kind``), metrics (``speedup``,
+  ``accuracy_loss``, score, baseline score, per-dataset scores, FLOP speedup, prompt pairs computed,
+  wall time), artifact ``schedule.json``; status FINISHED, KILLED for pruned trials (tag
+  ``optuna.state=PRUNED``) or FAILED. A duplicate (Optuna user attr ``duplicate_of``) is tagged
+  ``lazyllm.duplicate_of`` (trial number) and ``lazyllm.duplicate_of_run`` (that trial's run id);
+  its ``wall_time_s`` is its own, not the original's. Failed trials that no callback saw (an
+  exception that ended the process, a worker whose heartbeat went stale) get their FAILED run when
+  a tracker opens or ends the study.
+* **Names**: one per quantity everywhere (Optuna's metric names, MLflow metrics, ``pareto.json``,
+  the plots): ``speedup`` (measured TTFT or FLOP model, per ``speedup_kind``) and ``accuracy_loss``.
 * **Where runs go**: ``sqlite:///<study folder>/mlflow.db`` by default (artifacts beside it), or any
-  tracking URI; an HTTP server is checked with its ``/health`` endpoint before any trial runs.
+  tracking URI; an HTTP server is checked with its ``/health`` endpoint before any trial runs. A
+  password in a storage or tracking URL never reaches a param, a tag or a study attr
+  (:func:`tuner.redact.redact_url`).
 """
 
 from __future__ import annotations
@@ -26,6 +43,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +53,20 @@ from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
 from lazyllm.schedule import Schedule
-from tuner.results import trial_schedule
+from tuner.redact import redact_text, redact_url
+from tuner.results import render_plots, trial_schedule
 from tuner.settings import SearchSettings
+from tuner.study import recommended_trial
 
 EXPERIMENT = "lazyllm-tuner"
 _PARENT_ATTR = "mlflow_parent_run_id"
 _ROLE = "lazyllm.role"
 _STUDY = "lazyllm.study"
+_REASON = "lazyllm.end_reason"
+# the files of the study folder that end up on the parent run (folders keep their name)
+STUDY_FILES = ("pareto.json", "pareto.csv", "pareto.png", "pareto.html", "keep_curves.png",
+               "keep_curves.html", "recommended.json", "heldout.json", "pareto")  # fmt: skip
+_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED"}
 
 
 def default_tracking_uri(settings: SearchSettings) -> str:
@@ -68,11 +94,14 @@ def check_reachable(uri: str) -> None:
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as resp:
                 if resp.status != 200:
-                    raise ValueError(f"MLflow server {uri} answered /health with HTTP {resp.status}")
+                    raise ValueError(
+                        f"MLflow server {redact_url(uri)} answered /health with HTTP {resp.status}"
+                    )
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ValueError(
-                f"MLflow tracking server {uri} is not reachable ({reason}); start it or pass another --tracking-uri"
+                f"MLflow tracking server {redact_url(uri)} is not reachable ({reason}); "
+                "start it or pass another --tracking-uri"
             ) from None
     elif uri.startswith("sqlite:///"):
         folder = Path(uri[len("sqlite:///") :]).parent
@@ -80,6 +109,38 @@ def check_reachable(uri: str) -> None:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ValueError(f"cannot create the MLflow store folder {folder}: {exc.strerror}") from None
+
+
+def _ms(when: datetime | None) -> int | None:
+    return None if when is None else int(when.timestamp() * 1000)
+
+
+def trial_counts(study: optuna.Study) -> dict[str, int]:
+    """COMPLETE, PRUNED and FAILED trials (surplus trials, which never ran, are not counted)."""
+    trials = study.get_trials(deepcopy=False)
+    complete = sum(t.state == TrialState.COMPLETE for t in trials)
+    pruned = sum(t.state == TrialState.PRUNED for t in trials)
+    failed = sum(t.state == TrialState.FAIL and not t.user_attrs.get("surplus") for t in trials)
+    return {
+        "finished_trials": complete + pruned,
+        "complete_trials": complete,
+        "pruned_trials": pruned,
+        "failed_trials": failed,
+    }
+
+
+_OPEN: weakref.WeakSet[Tracker] = weakref.WeakSet()
+
+
+def end_open_runs(status: str, reason: str) -> None:
+    """End the parent run of every tracker this process opened and did not end (Ctrl-C: ``KILLED``,
+    an error: ``FAILED``), after giving failed trials their runs. Never raises: it runs on the way out."""
+    for tracker in list(_OPEN):
+        try:
+            tracker.sync_failed()
+            tracker.end(status, reason)
+        except Exception as exc:  # the store may be the thing that broke; say so and go on
+            print(f"MLflow: could not end parent run {tracker.parent_id}: {redact_text(str(exc))[:200]}")
 
 
 class Tracker:
@@ -95,7 +156,10 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = self._experiment()
         self.parent_id = self._parent()
+        self.reopen()
+        self.sync_failed()
 
+    # --- the parent run ---------------------------------------------------------------------------
     def _experiment(self) -> str:
         from mlflow.exceptions import MlflowException
 
@@ -121,7 +185,20 @@ class Tracker:
         )
         return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
 
+    def _parent_params(self) -> dict[str, Any]:
+        params = {
+            ("speedup_kind" if k == "speedup" else k): v for k, v in self.settings.study_identity().items()
+        }
+        params.update(
+            sampler=self.settings.sampler,
+            seed=self.settings.seed,
+            storage=redact_url(self.settings.storage_url),
+        )
+        return params
+
     def _parent(self) -> str:
+        from mlflow.entities import Param
+
         stored = self.study.user_attrs.get(_PARENT_ATTR)
         if stored:
             return str(stored)
@@ -138,10 +215,8 @@ class Tracker:
             if commit:
                 tags["git_commit"] = commit
             mine = self.client.create_run(self.experiment_id, run_name=self.settings.name, tags=tags)
-            for key, value in sorted(self.settings.study_identity().items()):
-                self.client.log_param(mine.info.run_id, key, value)
-            for key in ("sampler", "seed", "n_trials", "storage"):
-                self.client.log_param(mine.info.run_id, key, getattr(self.settings, key))
+            params = [Param(k, str(v)) for k, v in sorted(self._parent_params().items())]
+            self.client.log_batch(mine.info.run_id, params=params)
             time.sleep(0.2)  # let a concurrent worker's run become visible before deciding
             parents = self._study_parents()
             winner = parents[0].info.run_id
@@ -150,13 +225,97 @@ class Tracker:
         else:
             winner = parents[0].info.run_id
         self.study.set_user_attr(_PARENT_ATTR, winner)
+        # where the runs are, for whoever opens the study in optuna-dashboard or the optuna CLI
+        self.study.set_user_attr("mlflow_tracking_uri", redact_url(self.uri))
         return str(winner)
 
+    def reopen(self) -> None:
+        """Mark the parent RUNNING (a resume of an ended study) and log the trial target and counts."""
+        if self.client.get_run(self.parent_id).info.status != "RUNNING":
+            self.client.update_run(self.parent_id, status="RUNNING")
+        self.client.set_tag(self.parent_id, _REASON, "running")
+        self._log_counts()
+        _OPEN.add(self)
+
+    def end(self, status: str, reason: str) -> None:
+        """End the parent run with ``status`` (FINISHED, KILLED or FAILED) and say why in a tag."""
+        self._log_counts()
+        self.client.set_tag(self.parent_id, _REASON, redact_text(reason)[:5000])
+        self.client.set_terminated(self.parent_id, status=status)
+        _OPEN.discard(self)
+
+    def _log_counts(self) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        values = {**trial_counts(self.study), "n_trials": self.settings.n_trials}
+        self.client.log_batch(
+            self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
+        )
+
+    def end_study(self, files: list[Path] | None = None) -> str:
+        """Attach the study folder's results to the parent and end it; returns the final status.
+
+        FINISHED when the study holds its ``n_trials`` finished trials, else KILLED (a ``--timeout``
+        stopped this run first; rerunning resumes). With ``settings.register`` the recommended
+        schedule is also registered (:mod:`tuner.registry`).
+        """
+        from mlflow.entities import Metric
+
+        folder = self.settings.study_dir
+        if files is None and (folder / "pareto.json").exists():
+            render_plots(self.study, folder, self.settings.max_accuracy_loss)  # now with heldout.json's pick
+        paths = files if files is not None else [folder / name for name in STUDY_FILES]
+        self.sync_failed()
+        now = int(time.time() * 1000)
+        best = recommended_trial(self.study, self.settings.max_accuracy_loss)
+        if best is not None:
+            headline = {
+                "recommended.speedup": best.values[0],
+                "recommended.accuracy_loss": best.values[1],
+                "recommended.trial": best.number,
+            }
+            self.client.log_batch(
+                self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in headline.items()]
+            )
+            self.study.set_user_attr("recommended_trial", best.number)
+        self.study.set_user_attr("max_accuracy_loss", self.settings.max_accuracy_loss)
+        for path in paths:
+            if path.is_dir():
+                self.client.log_artifacts(self.parent_id, str(path), artifact_path=path.name)
+            elif path.exists():
+                self.client.log_artifact(self.parent_id, str(path))
+        if self.settings.register and best is not None:
+            from tuner.registry import register_trial
+
+            version = register_trial(self.client, self.study, best, self.settings.register)
+            print(f"MLflow: registered {self.settings.register} version {version.version}")
+        counts = trial_counts(self.study)
+        if counts["finished_trials"] >= self.settings.n_trials:
+            self.end("FINISHED", f"{counts['finished_trials']} of {self.settings.n_trials} trials finished")
+            return "FINISHED"
+        self.end(
+            "KILLED", f"stopped (timeout) at {counts['finished_trials']} of {self.settings.n_trials} trials"
+        )
+        return "KILLED"
+
+    # --- child runs -------------------------------------------------------------------------------
+    def trial_run_id(self, number: int) -> str | None:
+        """The run id of trial ``number`` of this study, if it has one."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{self.parent_id}' and tags.`optuna.trial` = '{number}'",
+            order_by=["attributes.start_time ASC"],
+            max_results=1,
+        )
+        return str(runs[0].info.run_id) if runs else None
+
     def log_trial(self, trial: FrozenTrial) -> str:
-        """A child run for a finished trial; returns its run id."""
+        """A child run for a finished or failed trial, with its real start and end; returns its run id."""
         from mlflow.entities import Metric, Param, RunTag
 
         state = trial.state
+        attrs = trial.user_attrs
         tags = {
             "mlflow.parentRunId": self.parent_id,
             _ROLE: "trial",
@@ -166,9 +325,27 @@ class Tracker:
             "model": self.settings.model,
             "task": self.settings.task,
         }
-        if "stopped_early" in trial.user_attrs:
-            tags["stopped_early"] = str(trial.user_attrs["stopped_early"])[:5000]
-        run = self.client.create_run(self.experiment_id, run_name=f"trial-{trial.number}", tags=tags)
+        if "stopped_early" in attrs:
+            tags["stopped_early"] = str(attrs["stopped_early"])[:5000]
+        if "fail_reason" in trial.system_attrs:
+            tags["optuna.fail_reason"] = redact_text(str(trial.system_attrs["fail_reason"]))[:5000]
+        if "failed_trial" in trial.system_attrs:  # a retry of a trial whose worker died
+            tags["optuna.retry_of"] = str(trial.system_attrs["failed_trial"])
+        duplicate_of = attrs.get("duplicate_of")
+        if duplicate_of is not None:
+            tags["lazyllm.duplicate_of"] = str(duplicate_of)
+            original = self.trial_run_id(int(duplicate_of))
+            if original:
+                tags["lazyllm.duplicate_of_run"] = original
+            tags["mlflow.note.content"] = (
+                f"Duplicate of trial-{duplicate_of}: the same schedule, so its values were reused, "
+                "not measured again."
+            )
+        start = _ms(trial.datetime_start) or int(time.time() * 1000)
+        end = _ms(trial.datetime_complete) or int(time.time() * 1000)
+        run = self.client.create_run(
+            self.experiment_id, start_time=start, run_name=f"trial-{trial.number}", tags=tags
+        )
         run_id = run.info.run_id
         params = {f"space.{k}": v for k, v in trial.params.items()}
         params.update(
@@ -184,27 +361,20 @@ class Tracker:
                 "speedup_kind": self.settings.speedup,
             }
         )
-        now = int(time.time() * 1000)
         metrics: dict[str, float] = {}
         if trial.values:
             metrics["speedup"], metrics["accuracy_loss"] = float(trial.values[0]), float(trial.values[1])
-        attrs = trial.user_attrs
-        for key, name in (
-            ("score", "score"),
-            ("baseline_score", "baseline_score"),
-            ("flop_speedup", "flop_speedup"),
-            ("measured_ttft_speedup", "measured_ttft_speedup"),
-            ("total_speedup", "total_speedup"),
-            ("prompt_computed_pct", "prompt_computed_pct"),
-            ("wall_time_s", "wall_time_s"),
-        ):
+        for key in ("score", "baseline_score", "flop_speedup", "measured_ttft_speedup", "total_speedup",
+                    "prompt_computed_pct", "wall_time_s", "examples_run"):  # fmt: skip
             if attrs.get(key) is not None:
-                metrics[name] = float(attrs[key])
+                metrics[key] = float(attrs[key])
+        if duplicate_of is not None:  # the copied wall time is the original's: log this trial's own
+            metrics["wall_time_s"] = (end - start) / 1000.0
         for dataset, score in (attrs.get("dataset_scores") or {}).items():
             metrics[f"score.{dataset}"] = float(score)
         self.client.log_batch(
             run_id,
-            metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+            metrics=[Metric(k, v, end, 0) for k, v in metrics.items()],
             params=[Param(k, str(v)) for k, v in params.items()],
             tags=[RunTag("lazyllm_version", lazyllm.__version__)],
         )
@@ -216,34 +386,34 @@ class Tracker:
             )
             with tempfile.TemporaryDirectory() as tmp:
                 self.client.log_artifact(run_id, str(schedule.save(Path(tmp) / "schedule.json")))
-        status = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED"}.get(state, "FAILED")
-        self.client.set_terminated(run_id, status=status)
+        self.client.set_terminated(run_id, status=_STATUS.get(state, "FAILED"), end_time=end)
         return run_id
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        """Optuna callback: log each finished trial (not the surplus ones, which never ran)."""
+        """Optuna callback: log each trial that ran (not the surplus ones, which never did)."""
         if not trial.user_attrs.get("surplus"):
             self.log_trial(trial)
 
-    def log_study(self, files: list[Path], metrics: dict[str, float]) -> None:
-        """Attach the study's exported files and headline metrics to the parent run."""
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        if metrics:
-            self.client.log_batch(
-                self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()]
-            )
-        for path in files:
-            if path.is_dir():
-                self.client.log_artifacts(self.parent_id, str(path), artifact_path=path.name)
-            elif path.exists():
-                self.client.log_artifact(self.parent_id, str(path))
+    def sync_failed(self) -> list[str]:
+        """FAILED runs for failed trials that have none yet (no callback saw them); returns their ids."""
+        failed = [
+            t
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+            if not t.user_attrs.get("surplus")
+        ]
+        if not failed:
+            return []
+        logged = {
+            int(r.data.tags["optuna.trial"]) for r in self.child_runs() if "optuna.trial" in r.data.tags
+        }
+        return [self.log_trial(t) for t in failed if t.number not in logged]
 
     def child_runs(self) -> list[Any]:
         return list(
             self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{self.parent_id}'"
+                [self.experiment_id],
+                filter_string=f"tags.`mlflow.parentRunId` = '{self.parent_id}'",
+                max_results=50000,
             )
         )
 

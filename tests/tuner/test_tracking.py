@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,7 +11,9 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -18,7 +21,8 @@ from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner import export as export_cli
 from tuner.search import main
-from tuner.tracking import EXPERIMENT
+from tuner.settings import SearchSettings
+from tuner.tracking import EXPERIMENT, Tracker, end_open_runs
 
 
 def free_port() -> int:
@@ -80,6 +84,10 @@ def _runs(client: MlflowClient) -> tuple[list, list]:
     return parents, children
 
 
+def _ms(trial: optuna.trial.FrozenTrial, attr: str) -> int:
+    return int(getattr(trial, attr).timestamp() * 1000)
+
+
 def test_study_logged_to_server(tiny_folder: Path, tmp_path: Path, mlflow_server: str) -> None:
     assert main(_argv(tiny_folder, tmp_path, mlflow_server, 2)) == 0
     client = MlflowClient(tracking_uri=mlflow_server)
@@ -87,14 +95,33 @@ def test_study_logged_to_server(tiny_folder: Path, tmp_path: Path, mlflow_server
     assert len(parents) == 1 and len(children) == 2
     parent = parents[0]
     assert parent.info.run_name == "tracked" and parent.data.tags["model"] == str(tiny_folder)
+    # the study reached its count: the parent is ended, FINISHED, and its counts agree with the children
+    assert parent.info.status == "FINISHED" and parent.info.end_time is not None
+    m = parent.data.metrics
+    assert m["n_trials"] == 2 and m["finished_trials"] == 2 and m["complete_trials"] == 2
+    assert m["pruned_trials"] == 0 and m["failed_trials"] == 0
+    assert "n_trials" not in parent.data.params and "speedup" not in parent.data.params
+    assert parent.data.params["speedup_kind"] == "measured"
+    assert parent.data.params["storage"] == f"sqlite:///{(tmp_path / 'tracked' / 'study.db').resolve()}"
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    study = optuna.load_study(study_name="tracked", storage=f"sqlite:///{tmp_path / 'tracked' / 'study.db'}")
+    assert study.metric_names == ["speedup", "accuracy_loss"]  # Optuna's names are MLflow's names
+    front = json.loads((tmp_path / "tracked" / "pareto.json").read_text())
+    assert {"speedup", "accuracy_loss", "speedup_kind"} <= set(front[0])
+    by_number = {t.number: t for t in study.get_trials()}
     for child in children:
+        trial = by_number[int(child.data.tags["optuna.trial"])]
+        # the run spans the trial's real start and end, not the moment it was logged
+        assert child.info.start_time == _ms(trial, "datetime_start")
+        assert child.info.end_time == _ms(trial, "datetime_complete")
         m = child.data.metrics
         assert {"speedup", "accuracy_loss", "score", "baseline_score", "flop_speedup", "prompt_computed_pct",
-                "score.hotpotqa", "score.trec"} <= set(m)  # fmt: skip
+                "score.hotpotqa", "score.trec", "wall_time_s"} <= set(m)  # fmt: skip
+        assert (m["speedup"], m["accuracy_loss"]) == tuple(trial.values)
         assert (
             child.data.params["search_space"] == "stages" and child.data.params["max_prompt_tokens"] == "128"
         )
+        assert child.data.params["speedup_kind"] == "measured"
         assert child.info.status == "FINISHED"
         schedule = Schedule.from_mlflow(child.info.run_id, tracking_uri=mlflow_server)
         assert schedule.num_layers == 4 and schedule.metadata["trial"] == int(child.data.tags["optuna.trial"])
@@ -107,12 +134,19 @@ def test_study_logged_to_server(tiny_folder: Path, tmp_path: Path, mlflow_server
         "keep_curves.png",
         "pareto",
     } <= parent_files
-    assert "best_speedup" in parent.data.metrics
+    best = study.trials[int(parent.data.metrics["recommended.trial"])]
+    assert parent.data.metrics["recommended.speedup"] == best.values[0]
 
-    # resume: the same parent, one more child
+    # resume: opening the study reopens the same parent (RUNNING); the run ends FINISHED with one more child
+    settings = SearchSettings(model=str(tiny_folder), task="hotpotqa,trec", output=str(tmp_path),
+                              study_name="tracked", n_trials=3)  # fmt: skip
+    tracker = Tracker(mlflow_server, settings, study)
+    assert tracker.parent_id == parent.info.run_id
+    assert client.get_run(parent.info.run_id).info.status == "RUNNING"
     assert main(_argv(tiny_folder, tmp_path, mlflow_server, 3)) == 0
     parents, children = _runs(client)
     assert len(parents) == 1 and len(children) == 3
+    assert parents[0].info.status == "FINISHED" and parents[0].data.metrics["finished_trials"] == 3
 
     # export a trial's schedule straight from its run
     out = tmp_path / "from-run.json"
@@ -123,6 +157,92 @@ def test_study_logged_to_server(tiny_folder: Path, tmp_path: Path, mlflow_server
         == 0
     )
     assert Schedule.load(out).num_layers == 4
+
+
+def _toy(
+    tmp_path: Path, storage: str | None = None, n_trials: int = 3
+) -> tuple[SearchSettings, optuna.Study, str]:
+    """Settings, an in-memory study and a SQLite MLflow store for Tracker tests without a model."""
+    settings = SearchSettings(model="toy", output=str(tmp_path), study_name="toy", n_trials=n_trials,
+                              storage=storage)  # fmt: skip
+    study = optuna.create_study(study_name="toy", directions=["maximize", "minimize"])
+    study.set_user_attr("identity", settings.study_identity())
+    return settings, study, f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def _children(tracker: Tracker) -> dict[int, Any]:
+    return {int(r.data.tags["optuna.trial"]): r for r in tracker.child_runs()}
+
+
+def test_failed_and_interrupted_trials_get_failed_runs(tmp_path: Path) -> None:
+    settings, study, uri = _toy(tmp_path)
+    tracker = Tracker(uri, settings, study)
+
+    def broken(trial: optuna.Trial) -> tuple[float, float]:
+        raise RuntimeError("CUDA out of memory")
+
+    # a failure Optuna catches: the callback logs it
+    study.optimize(broken, n_trials=1, catch=(RuntimeError,), callbacks=[tracker.callback])
+    runs = _children(tracker)
+    assert runs[0].info.status == "FAILED" and runs[0].data.tags["optuna.state"] == "FAIL"
+
+    # Ctrl-C in the middle of a trial: Optuna marks it FAIL and no callback runs; the CLI's hook ends
+    # the parent KILLED and gives the interrupted trial its FAILED run
+    def interrupted(trial: optuna.Trial) -> tuple[float, float]:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        study.optimize(interrupted, n_trials=1, callbacks=[tracker.callback])
+    assert 1 not in _children(tracker)
+    end_open_runs("KILLED", "interrupted (Ctrl-C)")
+    runs = _children(tracker)
+    assert runs[1].info.status == "FAILED"
+    parent = tracker.client.get_run(tracker.parent_id)
+    assert parent.info.status == "KILLED" and parent.data.tags["lazyllm.end_reason"] == "interrupted (Ctrl-C)"
+    assert parent.data.metrics["failed_trials"] == 2 and parent.data.metrics["finished_trials"] == 0
+
+    # a resume reopens the parent; nothing is logged twice
+    again = Tracker(uri, settings, study)
+    assert again.parent_id == tracker.parent_id
+    assert again.client.get_run(again.parent_id).info.status == "RUNNING"
+    assert sorted(_children(again)) == [0, 1] and len(again.child_runs()) == 2
+    end_open_runs("FAILED", "error: something broke")
+    assert again.client.get_run(again.parent_id).info.status == "FAILED"
+
+
+def test_duplicates_are_tagged_and_timed_on_their_own(tmp_path: Path) -> None:
+    settings, study, uri = _toy(tmp_path)
+    tracker = Tracker(uri, settings, study)
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        trial.set_user_attr("wall_time_s", 150.0)  # a duplicate copies this from the original
+        if trial.number == 1:
+            trial.set_user_attr("duplicate_of", 0)
+        return 1.5, 0.0
+
+    study.optimize(objective, n_trials=2, callbacks=[tracker.callback])
+    runs = _children(tracker)
+    original, duplicate = runs[0], runs[1]
+    assert "lazyllm.duplicate_of" not in original.data.tags
+    assert duplicate.data.tags["lazyllm.duplicate_of"] == "0"
+    assert duplicate.data.tags["lazyllm.duplicate_of_run"] == original.info.run_id
+    assert original.data.metrics["wall_time_s"] == 150.0
+    assert duplicate.data.metrics["wall_time_s"] < 5.0  # its own, not the original's
+
+
+def test_passwords_never_reach_mlflow_or_study_attrs(tmp_path: Path) -> None:
+    secret = "hunter2-secret"
+    settings, study, uri = _toy(tmp_path, storage=f"postgresql+psycopg://lazyllm:{secret}@127.0.0.1:1/db")
+    tracker = Tracker(uri, settings, study)
+    study.optimize(lambda t: (1.0, 0.0), n_trials=1, callbacks=[tracker.callback])
+    tracker.end_study(files=[])
+    runs = [tracker.client.get_run(tracker.parent_id), *tracker.child_runs()]
+    for run in runs:
+        for value in [*run.data.params.values(), *run.data.tags.values()]:
+            assert secret not in value
+    assert runs[0].data.params["storage"] == "postgresql+psycopg://lazyllm:***@127.0.0.1:1/db"
+    assert secret not in json.dumps(study.user_attrs)
+    assert runs[0].info.status == "KILLED"  # 1 of 3 trials: a stopped study is not FINISHED
 
 
 def test_unreachable_tracking_server_fails_fast(

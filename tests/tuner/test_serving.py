@@ -1,0 +1,107 @@
+"""A tuned schedule as an MLflow model: pyfunc predict and `mlflow models serve` give LazyLLM's text.
+
+Real parts only: the packaged SmolLM2 through ``lazyllm.load_model("smollm2-135m")``, a SQLite MLflow
+store with a registered version and alias, and ``mlflow models serve`` as a subprocess on 127.0.0.1
+(always torn down, bounded waits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from lazyllm.engine import LazyLLM
+from lazyllm.schedule import Schedule
+from tuner.registry import register_schedule
+
+PROMPT = "Question: What is the capital of France? Answer in one word."
+MAX_NEW = 5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the server and every worker it started (its own process group)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.integration
+def test_registered_schedule_serves_lazyllm_text(
+    smollm2: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = smollm2
+    schedule = Schedule.paper_style("smollm2-135m", int(model.config.num_hidden_layers))
+    expected = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False).generate(
+        PROMPT, max_new_tokens=MAX_NEW, chat=True
+    )
+    assert expected.text.strip()  # something to compare
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    experiment = client.create_experiment("serving", artifact_location=(tmp_path / "artifacts").as_uri())
+    run = client.create_run(experiment, run_name="promoted")
+    version = register_schedule(client, schedule, "smol-qa", run_id=run.info.run_id, alias="champion")
+    assert str(version.version) == "1"
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    import mlflow.pyfunc
+
+    loaded = mlflow.pyfunc.load_model("models:/smol-qa@champion")
+    assert loaded.predict([PROMPT], params={"max_new_tokens": MAX_NEW}) == [expected.text]
+
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/smol-qa@champion",
+           "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/ping", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"mlflow models serve did not start: {(tmp_path / 'serve.log').read_text()[-3000:]}"
+                )
+            time.sleep(0.5)
+        answer = _post(base + "/invocations", {"inputs": [PROMPT], "params": {"max_new_tokens": MAX_NEW}})
+        assert answer == {"predictions": [expected.text]}
+    finally:
+        _stop(proc)
+        log.close()
+    assert proc.poll() is not None
