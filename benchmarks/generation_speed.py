@@ -154,11 +154,11 @@ def main() -> int:
             f"{args.rounds} paired rounds, threads {torch.get_num_threads()}; median [min-max] over rounds"
         )
         print(
-            f"| {'method':<30} | {'TTFT x':<17} | {'total x':<17} | decode ms/tok | prompt pairs % "
+            f"| {'method':<32} | {'TTFT x':<17} | {'total x':<17} | decode ms/tok | prompt pairs % "
             "| revived/step | same tokens |"
         )
         print(
-            f"|{'-' * 32}|{'-' * 19}|{'-' * 19}|---------------|----------------|--------------|-------------|"
+            f"|{'-' * 34}|{'-' * 19}|{'-' * 19}|---------------|----------------|--------------|-------------|"
         )
         for k, rs in results.items():
             ttft = [b.ttft_s / r.ttft_s for b, r in zip(base, rs)]
@@ -178,7 +178,7 @@ def main() -> int:
                 "same_tokens_as_unpruned": rs[-1].tokens == base[-1].tokens,
             }
             rows.append(row)
-            print(f"| {k:<30} | {spread(ttft):<17} | {spread(total):<17} | {decode:>13.1f} "
+            print(f"| {k:<32} | {spread(ttft):<17} | {spread(total):<17} | {decode:>13.1f} "
                   f"| {row['prompt_computed_pct']:>14.1f} | {row['revived_pairs_per_step']:>12.1f} "
                   f"| {'yes' if row['same_tokens_as_unpruned'] else 'no':>11} |", flush=True)  # fmt: skip
     if args.json:
