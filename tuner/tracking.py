@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -140,7 +141,8 @@ def end_open_runs(status: str, reason: str) -> None:
             tracker.sync_failed()
             tracker.end(status, reason)
         except Exception as exc:  # the store may be the thing that broke; say so and go on
-            print(f"MLflow: could not end parent run {tracker.parent_id}: {redact_text(str(exc))[:200]}")
+            message = f"MLflow: could not end parent run {tracker.parent_id}: {redact_text(str(exc))[:200]}"
+            print(message, file=sys.stderr)
 
 
 class Tracker:

@@ -82,7 +82,9 @@ def test_registered_schedule_serves_lazyllm_text(
     log = (tmp_path / "serve.log").open("wb")
     cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/smol-qa@champion",
            "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    # MLflow starts `uvicorn` by name: this venv's bin folder must be on PATH (it is not under `make test`)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": path}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

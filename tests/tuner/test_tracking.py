@@ -228,6 +228,12 @@ def test_duplicates_are_tagged_and_timed_on_their_own(tmp_path: Path) -> None:
     assert duplicate.data.tags["lazyllm.duplicate_of_run"] == original.info.run_id
     assert original.data.metrics["wall_time_s"] == 150.0
     assert duplicate.data.metrics["wall_time_s"] < 5.0  # its own, not the original's
+    for number, run in runs.items():  # each run spans its trial, not the moment it was logged
+        trial = study.trials[number]
+        assert (run.info.start_time, run.info.end_time) == (
+            _ms(trial, "datetime_start"),
+            _ms(trial, "datetime_complete"),
+        )
 
 
 def test_passwords_never_reach_mlflow_or_study_attrs(tmp_path: Path) -> None:
