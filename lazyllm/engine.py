@@ -53,7 +53,7 @@ from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers, query_k
 from lazyllm.schedule import Revival, Schedule, num_pruned
 from lazyllm.selectors import AttentionSelector, TokenSelector
 from lazyllm.state import GenerationState
-from lazyllm.text import StopCriteria, encode_prompt
+from lazyllm.text import StopCriteria, caller_stacklevel, encode_prompt
 from lazyllm.timing import synchronize
 
 
@@ -514,7 +514,7 @@ class LazyLLM:
         warnings.warn(
             f"prompt of {ids.shape[1]} tokens + {max_new_tokens} new exceeds the model's {limit}-token context; "
             f"cut in the middle to {keep} tokens",
-            stacklevel=3,
+            stacklevel=caller_stacklevel(),
         )
         half = keep // 2
         return torch.cat([ids[:, :half], ids[:, ids.shape[1] - (keep - half) :]], dim=1)

@@ -72,12 +72,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.prompt_file is not None:
+            source = f"--prompt-file {args.prompt_file}"
             try:
-                text = args.prompt_file.read_text()
+                text = args.prompt_file.read_bytes().decode("utf-8-sig")
             except OSError as exc:
-                raise ValueError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror}") from None
+                raise ValueError(f"cannot read {source}: {exc.strerror}") from None
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{source} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
         else:
-            text = args.prompt
+            source, text = "--prompt", args.prompt
+        if not text.strip():
+            raise ValueError(f"{source} is empty or only whitespace; give the text to answer")
         model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
         layers = int(model.config.num_hidden_layers)
         schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)

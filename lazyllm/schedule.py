@@ -113,6 +113,12 @@ class Revival:
         return cls(data["policy"], data.get("budget"))
 
 
+MAX_JSON_BYTES = 1_000_000
+"""A schedule file is a few KB (one number per layer plus provenance); anything larger is refused."""
+MAX_DEPTH = 32
+"""Deepest nesting of lists and objects a schedule's JSON (its metadata) may have."""
+
+
 def num_pruned(percentile: float, n_active: int) -> int:
     """Number of tokens pruned after a layer with ``n_active`` active tokens (the rounding rule).
 
@@ -126,8 +132,10 @@ def num_pruned(percentile: float, n_active: int) -> int:
     return min(math.floor(percentile * n_active / 100.0 + _FLOOR_TOLERANCE), n_active - 1)
 
 
-def _jsonable(value: Any, where: str) -> Any:
+def _jsonable(value: Any, where: str, depth: int = 0) -> Any:
     """Check that ``value`` is made of JSON types only (metadata must round-trip exactly)."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"metadata{where[:60]}...: nested more than {MAX_DEPTH} levels deep")
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -135,15 +143,80 @@ def _jsonable(value: Any, where: str) -> Any:
             raise ValueError(f"metadata{where} = {value!r}: must be a finite number (JSON has no NaN/inf)")
         return value
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_jsonable(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ValueError(f"metadata{where} has key {k!r}: keys must be strings")
-            out[k] = _jsonable(v, f"{where}[{k!r}]")
+            out[k] = _jsonable(v, f"{where}[{k!r}]", depth + 1)
         return out
     raise ValueError(f"metadata{where} = {value!r}: only JSON types (dict, list, str, number, bool, null)")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}; each field may appear once")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number; use a finite number")
+
+
+def _check_depth(data: Any) -> None:
+    """Iteratively (no recursion) refuse nesting deeper than :data:`MAX_DEPTH`."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            if depth >= MAX_DEPTH:
+                raise ValueError(
+                    f"nested more than {MAX_DEPTH} levels deep; a schedule's metadata is shallow"
+                )
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+
+
+def parse_json(text: str) -> Any:
+    """Strict JSON: at most :data:`MAX_JSON_BYTES`, a leading UTF-8 BOM allowed, no duplicate keys,
+    no NaN/Infinity, at most :data:`MAX_DEPTH` levels of nesting. Errors are one-line ``ValueError``s.
+
+    >>> parse_json('\\ufeff{"a": [1, 2]}')
+    {'a': [1, 2]}
+    >>> parse_json('{"a": 1, "a": 2}')
+    Traceback (most recent call last):
+    ValueError: duplicate key 'a'; each field may appear once
+    """
+    if len(text) > MAX_JSON_BYTES:
+        raise ValueError(f"schedule JSON is {len(text)} characters; a schedule is at most {MAX_JSON_BYTES}")
+    try:
+        data = json.loads(
+            text.removeprefix("\ufeff"), object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant
+        )
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"schedule is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(
+            f"nested more than {MAX_DEPTH} levels deep; a schedule's metadata is shallow"
+        ) from None
+    _check_depth(data)
+    return data
+
+
+def _check_strict_types(data: Mapping[str, Any]) -> None:
+    """JSON's loose spots Python would let through: ``true`` as a version, ``-0.0`` as a percentile."""
+    version = data.get("version")
+    if isinstance(version, bool) or (version is not None and not isinstance(version, int)):
+        raise ValueError(f"version = {version!r}: must be an integer")
+    percentiles = data.get("percentiles")
+    if isinstance(percentiles, list):
+        for layer, p in enumerate(percentiles):
+            if isinstance(p, float) and p == 0 and math.copysign(1.0, p) < 0:
+                raise ValueError(f"percentiles[{layer}] = -0.0: must be in [0, 100); write 0")
 
 
 @dataclass(frozen=True)
@@ -334,6 +407,7 @@ class Schedule:
     def from_dict(cls, data: Any) -> Schedule:
         if not isinstance(data, Mapping):
             raise ValueError(f"schedule JSON must be an object, got {type(data).__name__}")
+        _check_strict_types(data)
         if data.get("format") != FORMAT_NAME:
             raise ValueError(
                 f"format = {data.get('format')!r}: expected {FORMAT_NAME!r}; is this a schedule file?"
@@ -371,11 +445,7 @@ class Schedule:
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ValueError(f"schedule is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json(text))
 
     @classmethod
     def from_mlflow(cls, run: str, tracking_uri: str | None = None) -> Schedule:
@@ -428,7 +498,13 @@ class Schedule:
         """Read a schedule JSON file; every problem is a one-line ``ValueError`` naming the file."""
         path = Path(path)
         try:
-            text = path.read_text()
+            size = path.stat().st_size
+            if size > MAX_JSON_BYTES:
+                raise ValueError(
+                    f"schedule file {path} is {size / 1e6:.1f} MB; a schedule is at most "
+                    f"{MAX_JSON_BYTES / 1e6:.0f} MB (is this the right file?)"
+                )
+            text = path.read_bytes().decode("utf-8-sig")  # a leading BOM (some editors add one) is fine
         except OSError as exc:
             raise ValueError(f"cannot read schedule file {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:

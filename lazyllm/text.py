@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(torch.__file__)))
+
+
+def caller_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel that names the first caller outside lazyllm and torch (for a
+    warning raised under ``torch.inference_mode``, a fixed level would name torch's decorator)."""
+    frame = sys._getframe(1)  # the function that will call warnings.warn: stacklevel 1
+    level = 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def encode_prompt(

@@ -15,6 +15,8 @@ This module only parses and dispatches: the run is :func:`tuner.session.run_stud
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,12 +52,35 @@ def parse_settings(argv: Sequence[str] | None) -> SearchSettings:
     return settings_from_args(_parser().parse_args(argv))
 
 
+class _NoInterruptTracebacks(logging.Filter):
+    """Drops log records that carry a ``KeyboardInterrupt`` (a library logging Ctrl-C on its way
+    out, e.g. SQLAlchemy's "Exception during reset"): Ctrl-C is the one line the CLI prints."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = record.exc_info[0] if record.exc_info else None
+        return not (kind is not None and issubclass(kind, KeyboardInterrupt))
+
+
+def _quiet_interrupts() -> None:
+    root = logging.getLogger()
+    if not root.handlers:  # what logging.lastResort does for libraries that log, plus the filter
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.WARNING)
+        root.addHandler(handler)
+    quiet = _NoInterruptTracebacks()
+    for name in ("", "optuna", "mlflow"):
+        for existing in logging.getLogger(name).handlers:
+            existing.addFilter(quiet)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     def run(args: argparse.Namespace) -> int:
         from tuner.session import run_study  # heavy imports only once the flags parse
         from tuner.tracking import end_open_runs
 
         settings = settings_from_args(args)
+        if not (args.debug or os.environ.get("LAZYLLM_DEBUG") == "1"):
+            _quiet_interrupts()
         try:
             return run_study(settings)
         except KeyboardInterrupt:

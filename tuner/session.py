@@ -30,6 +30,7 @@ from tuner.redact import redact_url
 from tuner.results import export_study
 from tuner.settings import SearchSettings
 from tuner.spaces import load_space
+from tuner.stores import check_storage, check_tracking_store, prepare_mlflow_store
 from tuner.study import (
     BaselineStats,
     StudyRunner,
@@ -62,6 +63,8 @@ class Progress:
             left = min(left, max(0.0, self.timeout - (time.monotonic() - self.start)))
         if trial.values:
             what = f"speedup {trial.values[0]:.2f}x, loss {trial.values[1]:.2f}"
+        elif trial.user_attrs.get("interrupted"):
+            what = "interrupted (queued again: the rerun evaluates it)"
         else:
             what = f"{trial.state.name.lower()}: {trial.user_attrs.get('stopped_early', '')}"
         front = ", ".join(
@@ -73,11 +76,17 @@ class Progress:
 
 
 def preflight(settings: SearchSettings) -> None:
-    """Every check that needs no model and writes nothing: data, search space, tracking server."""
+    """Every check that needs no model and writes nothing: search space, data, storage, tracking."""
     load_space(settings.search_space)  # an unknown or malformed space fails here
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
+    # a server answers, a SQLite path is a SQLite file (or nothing yet)
+    check_storage(settings.storage_url, folder=settings.storage is not None)
     if wanted(settings):
-        check_reachable(settings.tracking_uri or default_tracking_uri(settings))
+        given = settings.tracking_uri is not None  # the default lives in the output folder (checked next)
+        uri = settings.tracking_uri or default_tracking_uri(settings)
+        check_tracking_store(uri, folder=given)
+        if given:
+            check_reachable(uri)  # a server answers /health (a SQLite store's folder is made: last step)
 
 
 def check_output(settings: SearchSettings) -> None:
@@ -125,7 +134,10 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
     evaluator = Evaluator(model, tokenizer, settings, settings.study_dir / "cache", progress=progress)
     with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
         study = open_study(settings, layers)  # fails fast on an unreachable storage or a mismatched study
-        tracker = Tracker(tracking_uri, settings, study) if wanted(settings) else None
+        tracker = None
+        if wanted(settings):
+            prepare_mlflow_store(tracking_uri)  # a new SQLite store is made atomically (Ctrl-C safe)
+            tracker = Tracker(tracking_uri, settings, study)
         warm_start(study, space, layers)
     baseline = BaselineStats.of(evaluator.baseline_results())  # computed once, then read from the cache
     runner = StudyRunner(settings, model, tokenizer, evaluator, space, baseline)

@@ -579,6 +579,29 @@ def list_spaces() -> list[str]:
     return sorted(path.stem for path in SEARCH_SPACE_DIR.glob("*.yaml"))
 
 
+MAX_SPACE_BYTES = 100_000
+"""A search space file is a dozen lines; anything larger is refused before it is parsed."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice is an error (not silently the last)."""
+
+
+def _mapping_once(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
+
+
 def load_space(name_or_path: str | Path) -> SearchSpace:
     """The space named ``name_or_path`` (a file ``search_spaces/<name>.yaml``), or the YAML file at
     that path (anything ending in ``.yaml``/``.yml`` or holding a path separator).
@@ -593,13 +616,21 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
         if not path.is_file():
             raise ValueError(f"Unknown search space {text!r}. Available: {', '.join(list_spaces())}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if size > MAX_SPACE_BYTES:
+            raise ValueError(
+                f"search space file {path} is {size} bytes; a search space is at most {MAX_SPACE_BYTES}"
+            )
+        data = yaml.load(path.read_bytes().decode("utf-8-sig"), Loader=_StrictLoader)
     except OSError as exc:
         raise ValueError(f"cannot read search space file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ValueError(f"search space file {path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"search space file {path} is not valid YAML: {exc}") from None
+        first = " ".join(str(exc).split())
+        raise ValueError(f"search space file {path} is not valid YAML: {first}") from None
+    except (RecursionError, TypeError):  # nesting thousands deep; an unhashable (list) key
+        raise ValueError(f"search space file {path}: not a flat mapping of field: value") from None
     try:
         return space_from_dict(data, name=path.stem)
     except (ValueError, TypeError) as exc:

@@ -33,9 +33,11 @@ from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator, ExampleResult, summarize
+from tuner.redact import redact_text
 from tuner.samplers import make_sampler
 from tuner.settings import SearchSettings
 from tuner.spaces import SearchSpace
+from tuner.stores import create_sqlite_atomically, sqlite_path
 from tuner.workers import SurplusTrial, is_surplus
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -179,35 +181,50 @@ def study_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _rdb_storage(url: str, heartbeat_interval: int | None, grace: int | None) -> optuna.storages.RDBStorage:
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    with warnings.catch_warnings():  # heartbeat_interval / grace_period are marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace,
+            # a trial whose worker died (stale heartbeat) is FAILED and re-enqueued, up to 3 times
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3)
+            if heartbeat_interval
+            else None,
+        )
+
+
+def _create_sqlite(url: str) -> None:
+    _rdb_storage(url, None, None).engine.dispose()
+
+
 def make_storage(
     url: str, heartbeat_interval: int | None = None, grace: int | None = None
 ) -> optuna.storages.BaseStorage:
     """An RDB storage for ``url``; SQLite waits up to 60 s for a lock instead of failing at once, so
-    a few local workers can share one file (use PostgreSQL for many workers or machines)."""
-    engine_kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        engine_kwargs["connect_args"] = {"timeout": 60}
+    a few local workers can share one file (use PostgreSQL for many workers or machines).
+
+    A new SQLite file is made under a temporary name and linked into place once its tables exist
+    (:func:`tuner.stores.create_sqlite_atomically`), so Ctrl-C never leaves a half-made store. Errors
+    are one line with the URL's password masked."""
     for attempt in range(3):
         try:
-            with warnings.catch_warnings():  # heartbeat_interval / grace_period are marked experimental
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    url,
-                    engine_kwargs=engine_kwargs,
-                    heartbeat_interval=heartbeat_interval,
-                    grace_period=grace,
-                    # a trial whose worker died (stale heartbeat) is FAILED and re-enqueued, up to 3 times
-                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3)
-                    if heartbeat_interval
-                    else None,
-                )
+            path = sqlite_path(url)
+            if path is not None:
+                create_sqlite_atomically(path, _create_sqlite)
+            return _rdb_storage(url, heartbeat_interval, grace)
         except Exception as exc:  # SQLAlchemy/driver errors of many types: one clear line instead
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             # two workers creating the schema at once: the loser sees the winner's tables on retry
             if ("IntegrityError" in first or "already exists" in first) and attempt < 2:
                 time.sleep(1.0 + attempt)
                 continue
-            raise ValueError(f"cannot open Optuna storage {url}: {first}") from None
+            raise ValueError(f"cannot open Optuna storage {redact_text(url)}: {redact_text(first)}") from None
     raise AssertionError("unreachable")
 
 
@@ -232,7 +249,7 @@ def open_study(settings: SearchSettings, num_layers: int) -> optuna.Study:
     elif stored != identity:
         diff = {k: (stored.get(k), v) for k, v in identity.items() if stored.get(k) != v}
         raise ValueError(
-            f"study {settings.name!r} in {settings.storage_url} was made with other settings {diff} "
+            f"study {settings.name!r} in {redact_text(settings.storage_url)} was made with other settings {diff} "
             "(stored, given); use another --study-name or the same settings"
         )
     return study

@@ -13,17 +13,26 @@ crash all end at the same count:
 * ``--n-workers K`` starts K local processes (joblib, loky backend), each loading the model once; on
   CUDA worker ``i`` takes GPU ``i % n_gpus``, on CPU the cores are split between workers. The baseline
   is computed once by the parent before the workers start; they read it from the on-disk cache.
+* Ctrl-C during a trial: the trial is marked FAILED with user attr ``interrupted``, a copy with the
+  same parameters is enqueued (as ``RetryHeartbeatStaleTrialCallback`` does for a dead worker's
+  trial, so a queued warm-start schedule is never lost), the callbacks see the failed trial (its
+  MLflow run), and the ``KeyboardInterrupt`` goes on to the CLI, which prints how to resume.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner.settings import SearchSettings
 
@@ -48,6 +57,66 @@ def counts(study: optuna.Study) -> dict[TrialState, int]:
     return out
 
 
+@contextmanager
+def _no_second_interrupt() -> Iterator[None]:
+    """Ignore Ctrl-C while an interrupt is being recorded (a second press must not lose the retry)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def retry_copy(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue a WAITING copy of ``trial`` with its parameters (and fixed warm-start parameters)."""
+    system_attrs: dict[str, Any] = {"failed_trial": trial.number, "retry_history": [], **trial.system_attrs}
+    system_attrs["retry_history"] = [*system_attrs["retry_history"], trial.number]
+    user_attrs = {k: v for k, v in trial.user_attrs.items() if k != "interrupted"}
+    study.add_trial(
+        optuna.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs=user_attrs,
+            system_attrs=system_attrs,
+        )
+    )
+
+
+def record_interrupt(study: optuna.Study, trial_id: int, callbacks: list[Any]) -> None:
+    """The trial ``trial_id`` was interrupted: FAILED (``interrupted``), retried, shown to ``callbacks``."""
+    storage = study._storage
+    trial = storage.get_trial(trial_id)
+    if trial.state not in (TrialState.RUNNING, TrialState.FAIL) or trial.user_attrs.get("surplus"):
+        return  # it finished before the interrupt, or never needed to run
+    if trial.state == TrialState.RUNNING:  # the interrupt landed inside Optuna, around the objective
+        storage.set_trial_user_attr(trial_id, "interrupted", True)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    trial = storage.get_trial(trial_id)
+    retry_copy(study, trial)
+    for callback in callbacks:  # e.g. the FAILED MLflow run of the trial
+        try:
+            callback(study, trial)
+        except Exception as exc:  # never hide the interrupt behind a logging problem
+            print(f"after the interrupt, {type(callback).__name__} failed: {exc}")
+
+
+class _QuietInterrupted(logging.Filter):
+    """Drops Optuna's "Trial N failed ..." warnings (with the traceback) for trials cut by Ctrl-C:
+    the CLI prints one line for those."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numbers: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(f"Trial {n} failed with") for n in self.numbers)
+
+
 def run_trials(
     settings: SearchSettings,
     study: optuna.Study,
@@ -60,6 +129,19 @@ def run_trials(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
     failures = 0
+    current: list[int] = []  # the trial id this process is running
+    quiet = _QuietInterrupted()
+    optimize_log = logging.getLogger("optuna.study._optimize")  # where Optuna logs failed trials
+
+    def guarded(trial: optuna.Trial) -> Any:
+        current[:] = [trial._trial_id]
+        try:
+            return objective(trial)
+        except KeyboardInterrupt:
+            quiet.numbers.add(trial.number)
+            trial.set_user_attr("interrupted", True)
+            raise
+
     while True:
         with warnings.catch_warnings():  # fail_stale_trials is marked experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -76,7 +158,17 @@ def run_trials(
             time.sleep(poll_s)  # the last slots are held by running trials: wait for them (or their retries)
             continue
         before = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
-        study.optimize(objective, n_trials=1, callbacks=callbacks, catch=(RuntimeError, SurplusTrial))
+        current.clear()
+        optimize_log.addFilter(quiet)
+        try:
+            study.optimize(guarded, n_trials=1, callbacks=callbacks, catch=(RuntimeError, SurplusTrial))
+        except KeyboardInterrupt:
+            if current:
+                with _no_second_interrupt():
+                    record_interrupt(study, current[0], callbacks)
+            raise
+        finally:
+            optimize_log.removeFilter(quiet)
         failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
         new_failures = [t for t in failed[before:] if not t.user_attrs.get("surplus")]
         failures = failures + 1 if new_failures else 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -133,6 +134,13 @@ def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
     assert fragment in str(err.value)
 
 
+def _doc(**fields: object) -> str:
+    data: dict[str, object] = {"format": FORMAT_NAME, "version": 1, "model": "m", "num_layers": 2,
+                               "percentiles": [10.0, 0]}  # fmt: skip
+    data.update(fields)
+    return json.dumps(data)
+
+
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
@@ -158,11 +166,21 @@ def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
         ),
         (
             '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 2, "percentiles": [NaN, 0]}',
-            "percentiles[0] = nan",
+            "NaN is not a JSON number",
         ),
+        # strict types: JSON's true is not the integer 1, -0.0 is not a percentile in [0, 100)
+        (_doc(version=True), "version = True: must be an integer"),
+        (_doc(version=1.0), "version = 1.0: must be an integer"),
+        (_doc(percentiles=[-0.0, 0]), "percentiles[0] = -0.0"),
+        ('{"format": "lazyllm-schedule", "format": "lazyllm-schedule"}', "duplicate key 'format'"),
+        (_doc(metadata={"a": 1}).replace('"a": 1', '"a": 1, "a": 2'), "duplicate key 'a'"),
+        # bounded nesting: ~600 lists deep used to raise RecursionError from a 1.4 KB file
+        (_doc(metadata={"x": []}).replace("[]", "[" * 600 + "]" * 600), "nested more than 32 levels"),
+        (_doc(metadata={"x": []}).replace("[]", "[" * 100_000 + "]" * 100_000), "nested more than 32 levels"),
     ],
 )
 def test_invalid_json(text: str, fragment: str) -> None:
+    assert len(text) < 1_000_000 or fragment.startswith("nested")
     with pytest.raises(ValueError) as err:
         Schedule.from_json(text)
     assert fragment in str(err.value)
@@ -177,6 +195,29 @@ def test_load_errors_name_the_file(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match=r"bad\.json: percentiles\[1\] = 120"):
         Schedule.load(bad)
+
+
+def test_loader_limits_and_bom(tmp_path) -> None:
+    good = Schedule("m", (10.0, 0.0), metadata={"deep": [[[[1]]]]})
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + good.to_json().encode())  # editors on Windows add a BOM
+    assert Schedule.load(path) == good
+    assert Schedule.from_json("\ufeff" + good.to_json()) == good
+    big = tmp_path / "big.json"
+    big.write_text(_doc(metadata={"pad": "x" * 1_200_000}))
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"big\.json is 1\.2 MB; a schedule is at most 1 MB"):
+        Schedule.load(big)
+    assert time.perf_counter() - start < 0.5  # refused by its size, before reading
+    with pytest.raises(ValueError, match="at most 1000000"):
+        Schedule.from_json(_doc(metadata={"pad": "x" * 1_200_000}))
+    # metadata built in Python is bounded too (no RecursionError from the validator)
+    deep: list[object] = []
+    for _ in range(2000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested more than 32 levels"):
+        Schedule("m", (0.0,), metadata={"x": deep})
+    Schedule("m", (0.0,), metadata={"x": [[[[[[[[[[1]]]]]]]]]]})  # shallow nesting is fine
 
 
 json_values = st.recursive(
@@ -202,6 +243,11 @@ json_values = st.recursive(
                 "metadata": json_values,
             },
         ).map(json.dumps),
+        # deep nesting, a BOM, a loosely typed version, repeated keys
+        st.integers(1, 5000).map(lambda n: _doc(metadata={"x": []}).replace("[]", "[" * n + "]" * n)),
+        st.text(max_size=50).map(lambda t: "\ufeff" + t),
+        json_values.map(lambda v: _doc(version=v)),
+        json_values.map(lambda v: _doc().replace('"model": "m"', f'"model": "m", "model": {json.dumps(v)}')),
     )
 )
 def test_loader_fuzz_raises_only_value_error(text: str) -> None:
