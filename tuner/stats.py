@@ -215,3 +215,36 @@ def _arrays(values: Sequence[float], weights: Sequence[float] | None) -> tuple[n
     if np.any(w <= 0) or not np.all(np.isfinite(w)):
         raise ValueError("weights must be finite and > 0")
     return x, w
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank.
+
+    >>> ranks([10.0, 30.0, 20.0, 20.0])
+    [1.0, 4.0, 2.5, 2.5]
+    """
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (Pearson correlation of the tie-averaged ranks); nan if one side is constant.
+
+    >>> spearman([1.0, 2.0, 3.0], [10.0, 30.0, 20.0])
+    0.5
+    """
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError("spearman needs two equally long lists of at least 2 values")
+    rx, ry = np.asarray(ranks(x)), np.asarray(ranks(y))
+    dx, dy = rx - rx.mean(), ry - ry.mean()
+    denom = math.sqrt(float((dx**2).sum() * (dy**2).sum()))
+    return float((dx * dy).sum() / denom) if denom > 0 else math.nan
