@@ -30,6 +30,18 @@ def test_forced_logits_reproduce_generate(arch: str) -> None:
     assert torch.equal(forced, torch.stack(out.step_logits))
 
 
+def test_keep_all_forced_logits_match_a_transformers_forward() -> None:
+    """Teacher forcing along an arbitrary (non-greedy) answer: keep-all equals one plain forward pass."""
+    model = make_tiny("llama")
+    keep = LazyLLM(model, Schedule.keep_all("tiny", model.config.num_hidden_layers), strict_model_name=False)
+    ids = prompt(30, seed=4)
+    answer = [5, 17, 5, 90, 1]
+    forced = forced_logits(keep, ids[0], answer)
+    with torch.inference_mode():
+        full = model(torch.cat([ids, torch.tensor([answer[:-1]])], dim=1)).logits[0, ids.shape[1] - 1 :]
+    torch.testing.assert_close(forced, full.float(), atol=1e-4, rtol=1e-4)
+
+
 def test_drift_of_keep_all_is_zero_and_of_pruning_positive() -> None:
     model = make_tiny("llama")
     layers = model.config.num_hidden_layers
