@@ -25,6 +25,7 @@ of the argmax. A public ``LazyLLM.generate(..., forced_ids=...)`` would replace 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +199,7 @@ class ReferenceCache:
         tensors: dict[str, torch.Tensor] = {}
         for key, ref in self.entries.items():
             tensors.update(ref.tensors(key))
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # workers may save at once
         save_file(tensors, str(tmp), metadata={"format": _FORMAT})
         tmp.replace(self.path)
 
