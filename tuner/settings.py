@@ -6,9 +6,11 @@ answer lengths, data) is shared by the search (:class:`SearchSettings`) and the 
 help text, and the command-line flags are made from the fields (:func:`add_flags`), so a setting is
 declared, defaulted, documented and validated in exactly one place.
 
-The search defaults finish ``python -m tuner.search --task qa`` on a 2-core CPU in about 15 minutes
-(SmolLM2, one validation example per QA dataset, prompts cut to 1024 tokens, answers capped at 32
-tokens, 16 trials). On a GPU raise ``n_examples``, ``max_prompt_tokens``, ``n_trials`` (see README).
+The search defaults are budgeted to finish ``python -m tuner.search --task qa`` on a 2-core CPU in
+20 minutes, everything included (SmolLM2, every QA validation example scored by teacher-forced
+fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, 16 trials bounded by a 660 s
+timeout, then the confirmation stage and the held-out check). On a GPU raise ``max_prompt_tokens``,
+``n_trials`` and ``confirm_k`` (see README).
 """
 
 from __future__ import annotations
