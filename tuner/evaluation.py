@@ -331,8 +331,9 @@ def dataset_scores(results: Sequence[ExampleResult]) -> dict[str, float]:
 
 
 def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult]) -> dict[str, Any]:
-    """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples,
-    median paired TTFT / total speedups, mean share of prompt (token, layer) pairs computed."""
+    """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples
+    (with its standard error, 90% paired bootstrap interval and one-sided upper bound), median paired
+    TTFT / total speedups, mean share of prompt (token, layer) pairs computed."""
     if not results:
         raise ValueError("no results to summarize")
     done = {(r.dataset, r.record_id) for r in results}
@@ -341,11 +342,16 @@ def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult
     base_scores = dataset_scores(base)
     score = statistics.fmean(scores.values())
     base_score = statistics.fmean(base_scores.values())
+    loss = loss_estimate(results, base)  # paired bootstrap over the same examples (90%, fixed seed)
     return {
         "n_examples": len(results),
         "score": score,
         "baseline_score": base_score,
         "accuracy_loss": base_score - score,
+        "accuracy_loss_se": loss.to_dict()["se"],
+        "accuracy_loss_interval": [loss.low, loss.high],
+        "accuracy_loss_upper": loss.upper,
+        "interval_level": loss.level,
         "dataset_scores": scores,
         "baseline_dataset_scores": base_scores,
         "ttft_speedup": statistics.median(r.ttft_speedup for r in results),
