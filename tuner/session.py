@@ -62,7 +62,7 @@ class Progress:
         if self.timeout is not None:
             left = min(left, max(0.0, self.timeout - (time.monotonic() - self.start)))
         if trial.values:
-            what = f"speedup {trial.values[0]:.2f}x, loss {trial.values[1]:.2f}"
+            what = f"speedup {trial.values[0]:.2f}x, loss {trial.values[1]:.4g}"
         else:
             what = f"{trial.state.name.lower()}: {trial.user_attrs.get('stopped_early', '')}"
         front = ", ".join(
@@ -170,7 +170,7 @@ def run_study(settings: SearchSettings) -> int:
     exported = export_study(study, settings.study_dir, settings.max_accuracy_loss)
     print(f"\nPareto front ({len(exported['front'])} trials; speedup = {settings.speedup}):")
     for row in exported["front"]:
-        print(f"  trial {row['trial']:>3}: speedup {row['speedup']:.2f}x, accuracy loss {row['accuracy_loss']:.2f}, "
+        print(f"  trial {row['trial']:>3}: speedup {row['speedup']:.2f}x, accuracy loss {row['accuracy_loss']:.4g}, "
               f"FLOP model {row['flop_speedup']:.2f}x, {row['prompt_computed_pct']:.1f}% computed")  # fmt: skip
     recommended = Schedule.load(exported["recommended"]) if exported["recommended"] else None
     # --- issue 12: confirmation stage (tuner.confirm) ---

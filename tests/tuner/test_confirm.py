@@ -67,7 +67,22 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
 
 
 def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Path) -> None:
-    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--confirm-k", "0", "--no-heldout")) == 0
+    assert (
+        main(
+            _argv(
+                tiny_folder,
+                tmp_path,
+                "--n-trials",
+                "2",
+                "--confirm-k",
+                "0",
+                "--no-heldout",
+                "--max-kl",
+                "0.05",
+            )
+        )
+        == 0
+    )
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'c' / 'study.db'}")
     for t in study.get_trials():
         record = TrialRecord.from_trial(t)
