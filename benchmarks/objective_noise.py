@@ -57,16 +57,16 @@ def schedules(model: str, layers: int) -> dict[str, Schedule]:
     return {
         "keep-all": Schedule.keep_all(model, layers),
         "50% after L20": Schedule.from_layers(model, layers, {at(2 / 3): 50}),
-        "paper-style": Schedule.paper_style(model, layers),
-        "70% after L15": Schedule.from_layers(model, layers, {at(1 / 2): 70}),
-        "90% after L15": Schedule.from_layers(model, layers, {at(1 / 2): 90}),
         "85% after L12, 50% L18, 40% L24": Schedule.from_layers(
             model, layers, {at(0.4): 85, at(0.6): 50, at(0.8): 40}
         ),
+        "paper-style": Schedule.paper_style(model, layers),
+        "45% after L0, 90% after L6": Schedule.from_layers(model, layers, {0: 45, at(0.2): 90}),
+        "70% after L15": Schedule.from_layers(model, layers, {at(1 / 2): 70}),
+        "90% after L15": Schedule.from_layers(model, layers, {at(1 / 2): 90}),
         "progressive from L7 to 10%": Schedule.progressive(
             model, layers, start_layer=at(0.23), final_keep=0.1, stages=4
         ),
-        "45% after L0, 90% after L6": Schedule.from_layers(model, layers, {0: 45, at(0.2): 90}),
         "30% after L10, 30% after L20": Schedule.from_layers(model, layers, {at(1 / 3): 30, at(2 / 3): 30}),
         "50% after L4": Schedule.from_layers(model, layers, {at(0.13): 50}),
     }
