@@ -43,7 +43,7 @@ from lazyllm.flops import ModelDims, flop_speedup
 from tuner.evaluation import Evaluator, _run, _score
 from tuner.fidelity import FidelityEvaluator
 from tuner.settings import EvalSettings
-from tuner.stats import spearman
+from tuner.stats import estimate, macro_weights, spearman
 
 SIGNALS = ("score", "kl", "1-top1", "gold")
 
@@ -210,14 +210,17 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         lines.append(f"| {signal} | {qs[0]:.2f} ({qs[1]:.2f} to {qs[2]:.2f}) | {validity:.2f} | {cpu:.2f} |")
     lines += [
         "",
-        "| schedule | FLOP speedup | validation KL | validation score loss | test score loss |",
+        "| schedule | FLOP speedup | validation KL (90% interval) | validation score loss | test score loss (90% interval) |",
         "|---|---|---|---|---|",
     ]
     for r, tl in zip(rows, test_loss):
         v_examples = [e for e in r["examples"] if e["split"] == "validation"]
+        t_examples = [e for e in r["examples"] if e["split"] == "test"]
+        kl = estimate([e["kl"] for e in v_examples], macro_weights([e["dataset"] for e in v_examples]))
+        tl_est = estimate([e["score"] for e in t_examples], macro_weights([e["dataset"] for e in t_examples]))
         lines.append(
-            f"| {r['schedule']} | {r['flop_speedup']:.2f} | {macro(v_examples, 'kl'):.4f} | "
-            f"{macro(v_examples, 'score'):.2f} | {tl:.2f} |"
+            f"| {r['schedule']} | {r['flop_speedup']:.2f} | {kl.value:.4f} ({kl.low:.4f} to {kl.high:.4f}) | "
+            f"{macro(v_examples, 'score'):.2f} | {tl:.2f} ({tl_est.low:.2f} to {tl_est.high:.2f}) |"
         )
     print("\n".join(lines))
     return out
