@@ -98,4 +98,4 @@ def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Pa
     pruned = TrialRecord.from_trial(study.trials[1])
     assert pruned is not None and pruned.loss.upper > pruned.loss.value  # so the bound is what is used
     with pytest.raises(ValueError, match="accuracy"):
-        dataclasses.replace(record, accuracy="bogus")
+        dataclasses.replace(pruned, accuracy="bogus")
