@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -572,6 +573,28 @@ class LazyLLM:
             computed_positions=first.computed,
             scores=first.scores if return_scores else {},
         )
+
+    @torch.inference_mode()
+    def forced_logits(self, prompt: torch.Tensor | list[int], forced: Sequence[int]) -> torch.Tensor:
+        """Next-token logits ``[T, vocab]`` (float32) along a given answer ``forced`` (``T`` tokens).
+
+        Teacher forcing: the passes are exactly those of :meth:`generate` (the prefill, then one
+        decoding step per token, pruning and reviving as the schedule says), but each step feeds
+        ``forced[t - 1]`` instead of the argmax. Row 0 is the prefill's (it scores ``forced[0]``).
+        With ``forced`` = this engine's own greedy answer the rows equal ``generate``'s step logits.
+        """
+        if len(forced) < 1:
+            raise ValueError("forced answer is empty: need at least one token")
+        ids = self._as_input_ids(torch.as_tensor(prompt))
+        n, steps = ids.shape[1], len(forced)
+        gen = self._begin(ids, n + steps, store_kv=True, trace=False)
+        rows: list[torch.Tensor] = []
+        next_input, start = ids, 0
+        for step in range(steps):
+            rows.append(self._forward(gen, next_input, start)[0].float())
+            start += next_input.shape[1]
+            next_input = torch.tensor([[int(forced[step])]], device=ids.device)
+        return torch.stack(rows)
 
     @torch.inference_mode()
     def generate(

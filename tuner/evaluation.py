@@ -11,7 +11,7 @@ How a method is scored on one example:
    speedup is that baseline TTFT over the method's. A task's speedup is the **median** of its
    per-example ratios (robust to the odd example hit by background load).
 
-The unpruned baseline's predictions, scores and timings are cached on disk as JSON, keyed by model,
+The unpruned baseline's predictions (text and token ids), scores and timings are cached on disk as JSON, keyed by model,
 data file digests, split, truncation, generation lengths and package version, so a second evaluation
 (or every trial of a study) reuses them.
 """
@@ -43,6 +43,7 @@ from tuner.longbench import (
 )
 from tuner.metrics import score_example, task_score
 from tuner.settings import EvalSettings
+from tuner.stats import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,8 @@ class Evaluator:
 
     def baseline(self) -> dict[str, dict[str, Any]]:
         """Unpruned prediction, score and timings per example key (computed once, then from the cache)."""
-        missing = [ex for ex in self.examples if ex.key not in self.cache.entries]
+        # an entry from before answer ids were cached is recomputed (the fidelity needs the ids)
+        missing = [ex for ex in self.examples if "token_ids" not in self.cache.entries.get(ex.key, {})]
         if missing:
             _run(self.baseline_engine, missing[0])  # warm-up, not recorded
         for ex in tqdm(missing, desc="baseline", disable=not self.progress or not missing):
@@ -232,6 +234,7 @@ class Evaluator:
                 "ttft_s": result.ttft_s,
                 "total_s": result.total_s,
                 "new_tokens": len(result.token_ids),
+                "token_ids": [int(t) for t in result.token_ids],  # teacher-forced by tuner.fidelity
             }
             self.cache.save()
         return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
@@ -320,8 +323,9 @@ def dataset_scores(results: Sequence[ExampleResult]) -> dict[str, float]:
 
 
 def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult]) -> dict[str, Any]:
-    """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples,
-    median paired TTFT / total speedups, mean share of prompt (token, layer) pairs computed."""
+    """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples
+    (with its standard error, 90% paired bootstrap interval and one-sided upper bound), median paired
+    TTFT / total speedups, mean share of prompt (token, layer) pairs computed."""
     if not results:
         raise ValueError("no results to summarize")
     done = {(r.dataset, r.record_id) for r in results}
@@ -330,17 +334,46 @@ def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult
     base_scores = dataset_scores(base)
     score = statistics.fmean(scores.values())
     base_score = statistics.fmean(base_scores.values())
+    loss = loss_estimate(results, base)  # paired bootstrap over the same examples (90%, fixed seed)
     return {
         "n_examples": len(results),
         "score": score,
         "baseline_score": base_score,
         "accuracy_loss": base_score - score,
+        "accuracy_loss_se": loss.to_dict()["se"],
+        "accuracy_loss_interval": [loss.low, loss.high],
+        "accuracy_loss_upper": loss.upper,
+        "interval_level": loss.level,
         "dataset_scores": scores,
         "baseline_dataset_scores": base_scores,
         "ttft_speedup": statistics.median(r.ttft_speedup for r in results),
         "total_speedup": statistics.median(r.total_speedup for r in results),
         "prompt_computed_pct": 100 * statistics.fmean(r.prompt_computed_fraction for r in results),
     }
+
+
+def loss_estimate(
+    results: Sequence[ExampleResult],
+    baseline: Sequence[ExampleResult],
+    *,
+    level: float = DEFAULT_LEVEL,
+    seed: int = 0,
+) -> Estimate:
+    """The macro-averaged accuracy loss (score points) of ``results`` against ``baseline`` on the same
+    examples, with its standard error, paired bootstrap interval and one-sided upper bound."""
+    if not results:
+        raise ValueError("no results to estimate a loss from")
+    base = {(b.dataset, b.record_id): b.score for b in baseline}
+    missing = [f"{r.dataset}/{r.record_id}" for r in results if (r.dataset, r.record_id) not in base]
+    if missing:
+        raise ValueError(f"baseline lacks example(s) {missing[:3]}")
+    return paired_estimate(
+        [100.0 * base[(r.dataset, r.record_id)] for r in results],
+        [100.0 * r.score for r in results],
+        macro_weights([r.dataset for r in results]),
+        level=level,
+        seed=seed,
+    )
 
 
 def write_results(

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
+from tuner.confirm import confirm, write_confirmation
 from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator
 from tuner.heldout import heldout_check
@@ -62,7 +63,7 @@ class Progress:
         if self.timeout is not None:
             left = min(left, max(0.0, self.timeout - (time.monotonic() - self.start)))
         if trial.values:
-            what = f"speedup {trial.values[0]:.2f}x, loss {trial.values[1]:.2f}"
+            what = f"speedup {trial.values[0]:.2f}x, loss {trial.values[1]:.4g}"
         elif trial.user_attrs.get("interrupted"):
             what = "interrupted (queued again: the rerun evaluates it)"
         else:
@@ -181,17 +182,29 @@ def run_study(settings: SearchSettings) -> int:
     exported = export_study(study, settings.study_dir, settings.max_accuracy_loss)
     print(f"\nPareto front ({len(exported['front'])} trials; speedup = {settings.speedup}):")
     for row in exported["front"]:
-        print(f"  trial {row['trial']:>3}: speedup {row['speedup']:.2f}x, accuracy loss {row['accuracy_loss']:.2f}, "
+        print(f"  trial {row['trial']:>3}: speedup {row['speedup']:.2f}x, accuracy loss {row['accuracy_loss']:.4g}, "
               f"FLOP model {row['flop_speedup']:.2f}x, {row['prompt_computed_pct']:.1f}% computed")  # fmt: skip
     recommended = Schedule.load(exported["recommended"]) if exported["recommended"] else None
+    # --- issue 12: confirmation stage (tuner.confirm) ---
+    if settings.confirm_k > 0:
+        confirmation = confirm(study, session.runner, settings.confirm_k)
+        rec_path = write_confirmation(study, confirmation, settings.study_dir)
+        exported["recommended"] = rec_path
+        recommended = Schedule.load(rec_path) if rec_path else None
+        print("\nConfirmation (task score on every validation example):")
+        for c in confirmation.candidates:
+            print(f"  trial {c.trial:>3}: {c.status}: {c.reason}")
+    # --- end issue 12 ---
     if settings.heldout:
-        report = heldout_check(settings, session.model, session.tokenizer, evaluator, recommended)
+        report = heldout_check(session.runner, recommended)
         (settings.study_dir / "heldout.json").write_text(json.dumps(report, indent=2) + "\n")
         print("\nHeld-out check (test split; hand-made schedule picked on validation):")
         for r in report["rows"]:
             print(f"  {r['schedule']}: validation {r['validation_speedup']:.2f}x / loss {r['validation_loss']:.2f} "
                   f"(n={r['n_validation']}); test {r['test_speedup']:.2f}x / loss {r['test_loss']:.2f} "
-                  f"(score {r['test_score']:.2f} vs {r['test_baseline_score']:.2f}, n={r['n_test']})")  # fmt: skip
+                  f"{r['test_loss_interval']} (score {r['test_score']:.2f} vs {r['test_baseline_score']:.2f}, n={r['n_test']})")  # fmt: skip
+        for line in report["verdicts"]:  # issue 12: says when two schedules cannot be told apart
+            print(f"  {line}")
     if tracker is not None:
         status = tracker.end_study()  # results as artifacts, counts, FINISHED (or KILLED on timeout)
         print(f"MLflow: parent run {tracker.parent_id} ({status}) at {redact_url(session.tracking_uri)}")

@@ -1,20 +1,26 @@
 """One Optuna study: maximise TTFT speedup, minimise accuracy loss, over a search space of schedules.
 
-* Objectives: ``(speedup, accuracy_loss)`` with ``directions=["maximize", "minimize"]``. Speedup is
-  the median paired TTFT speedup on the validation examples (``speedup="measured"``) or the FLOP
-  model's (``"flops"``, deterministic; measured TTFT is still recorded). Accuracy loss is the baseline
-  score minus the schedule's, LongBench metric, macro-averaged over the task's datasets.
-* ``max_accuracy_loss`` is an Optuna constraint (``trial.set_constraint``; feasible when loss <= budget).
-  A trial stops early, as PRUNED with the reason in its user attrs, once its loss cannot meet the
-  budget even if every remaining example scored perfectly.
+* Objectives: ``(speedup, accuracy_loss)`` with ``directions=["maximize", "minimize"]``.
+  Speedup is the robust TTFT measurement of :mod:`tuner.speed` (interleaved timings on the example of
+  typical length, minimum per side, checked against the FLOP model; ``speedup="measured"``) or the
+  FLOP model's (``"flops"``). Accuracy loss is, per ``accuracy``:
+  ``"fidelity"`` the macro mean over the validation examples of the teacher-forced KL(unpruned ||
+  pruned) per answer token (:mod:`tuner.fidelity`, nats), or ``"score"`` the baseline's LongBench
+  score minus the schedule's (macro average, score points).
+* Constraint: the one-sided upper bound (level ``confidence``, paired bootstrap over examples) of the
+  loss must be within the budget (``max_kl`` for fidelity, ``max_accuracy_loss`` for score), so
+  "feasible" means confidently within budget. A trial stops early (PRUNED, reason in its user attrs)
+  once its loss cannot meet the budget whatever the remaining examples give.
+* Every complete trial stores one :class:`~tuner.records.TrialRecord` (user attr ``"record"``).
 * Warm start: keep-all and a paper-style progressive schedule are enqueued when the study is new.
 * Resume: the same study name and storage continue the study until it holds ``n_trials`` finished
-  trials; the baseline comes from the on-disk cache.
+  trials; the baseline (and the fidelity reference) come from the on-disk cache.
 """
 
 from __future__ import annotations
 
 import fcntl
+import math
 import statistics
 import time
 import warnings
@@ -32,11 +38,15 @@ import lazyllm
 from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.schedule import Schedule
-from tuner.evaluation import Evaluator, ExampleResult, summarize
+from tuner.evaluation import Evaluator, ExampleResult, loss_estimate, summarize
+from tuner.fidelity import ExampleDrift, FidelityEvaluator
+from tuner.records import RECORD_ATTR, TrialRecord
 from tuner.redact import redact_text
 from tuner.samplers import make_sampler
 from tuner.settings import SearchSettings
 from tuner.spaces import SearchSpace
+from tuner.speed import SpeedMeasurement, measure_speedup, prefill_timer
+from tuner.stats import Estimate, estimate, macro_weights
 from tuner.stores import create_sqlite_atomically, sqlite_path
 from tuner.workers import SurplusTrial, is_surplus
 
@@ -85,11 +95,32 @@ class BaselineStats:
         )
 
 
+@dataclass(frozen=True)
+class LossResult:
+    """The accuracy side of one schedule on the examples.
+
+    Attributes:
+        estimate: the loss with its uncertainty (None when stopped early).
+        per_example: loss per example key, for the examples run.
+        per_dataset: loss per dataset.
+        metrics: other numbers (``score``, ``top1``, ``gold_delta``...).
+        reason: why it stopped early, if it did.
+    """
+
+    estimate: Estimate | None
+    per_example: dict[str, float]
+    per_dataset: dict[str, float]
+    metrics: dict[str, float]
+    reason: str | None = None
+    examples_run: int = 0
+
+
 @dataclass
 class StudyRunner:
-    """Runs the trials of one study (one per process; no state shared between trials but the cache).
+    """Runs the trials of one study (one per process; no state shared between trials but the caches).
 
-    Cheap to build: the baseline is computed (or read from its cache) beforehand and passed in.
+    Cheap to build: the baseline is computed (or read from its cache) beforehand and passed in; the
+    fidelity reference is computed (or read) on first use.
     """
 
     settings: SearchSettings
@@ -102,7 +133,26 @@ class StudyRunner:
     def __post_init__(self) -> None:
         self.num_layers = int(self.model.config.num_hidden_layers)
         self.dims = ModelDims.from_config(self.model.config)
-        self.prompt_tokens = round(statistics.fmean(len(e.input_ids) for e in self.evaluator.examples))
+        examples = self.evaluator.examples
+        self.prompt_tokens = round(statistics.fmean(len(e.input_ids) for e in examples))
+        # speed is timed on the example closest to the mean prompt length (TTFT is near-deterministic
+        # per schedule and length, so one prompt timed robustly beats many timed once)
+        self.timing_example = min(examples, key=lambda e: (abs(len(e.input_ids) - self.prompt_tokens), e.key))
+        self.weights = dict(zip((e.key for e in examples), macro_weights([e.dataset for e in examples])))
+        self.fidelity = FidelityEvaluator(
+            self.evaluator, top_k=self.settings.fidelity_top_k, gold=self.settings.fidelity_gold
+        )
+        self.baseline_engine = LazyLLM(
+            self.model, Schedule.keep_all(self.settings.model, self.num_layers), tokenizer=self.tokenizer,
+            strict_model_name=False,
+        )  # fmt: skip
+
+    @property
+    def budget(self) -> float:
+        """The search's loss budget, in the unit of the accuracy objective."""
+        return (
+            self.settings.max_kl if self.settings.accuracy == "fidelity" else self.settings.max_accuracy_loss
+        )
 
     def early_stop(self, results: list[ExampleResult]) -> str | None:
         if len(results) >= sum(self.baseline.counts.values()):
@@ -115,6 +165,19 @@ class StudyRunner:
             )
         return None
 
+    def early_stop_fidelity(self, drifts: list[ExampleDrift]) -> str | None:
+        """Stop once the macro mean KL exceeds the budget even if every remaining example had KL 0."""
+        if len(drifts) >= len(self.evaluator.examples):
+            return None
+        total = sum(self.weights.values())
+        bound = sum(self.weights[f"{d.dataset}/{d.record_id}"] * d.kl for d in drifts) / total
+        if bound > self.settings.max_kl:
+            return (
+                f"mean KL >= {bound:.4f} after {len(drifts)} examples even if the rest had none "
+                f"(budget {self.settings.max_kl})"
+            )
+        return None
+
     @staticmethod
     def _same_schedule(study: optuna.Study, schedule: Schedule) -> FrozenTrial | None:
         """A complete trial of ``study`` that evaluated exactly ``schedule``, if any."""
@@ -123,6 +186,68 @@ class StudyRunner:
             if t.values and t.user_attrs.get("percentiles") == wanted:
                 return t
         return None
+
+    def measure_speed(self, engine: LazyLLM, schedule: Schedule) -> SpeedMeasurement:
+        """Robust TTFT speedup of ``engine`` on the timing example (see :mod:`tuner.speed`)."""
+        import torch
+
+        ids = torch.tensor(self.timing_example.input_ids)
+        flops = flop_speedup(schedule, self.dims, len(self.timing_example.input_ids))
+        return measure_speedup(
+            prefill_timer(self.baseline_engine, ids),
+            prefill_timer(engine, ids),
+            flops,
+            rounds=self.settings.timing_rounds,
+        )
+
+    def score_loss(self, engine: LazyLLM, desc: str) -> LossResult:
+        """Task-score loss (score points) on every example, stopping early when it cannot meet the budget."""
+        results, reason = self.evaluator.evaluate(
+            "lazyllm", engine, paired_timing=False, should_stop=self.early_stop, desc=desc
+        )
+        if reason:
+            return LossResult(None, {}, {}, {}, reason, len(results))
+        summary = summarize(results, self.baseline.results)
+        est = loss_estimate(results, self.baseline.results, level=self.settings.confidence)
+        base = {(b.dataset, b.record_id): b.score for b in self.baseline.results}
+        per_example = {
+            f"{r.dataset}/{r.record_id}": 100.0 * (base[(r.dataset, r.record_id)] - r.score) for r in results
+        }
+        per_dataset = {
+            d: float(summary["baseline_dataset_scores"][d]) - float(v)
+            for d, v in summary["dataset_scores"].items()
+        }
+        metrics = {
+            "score": float(summary["score"]),
+            "baseline_score": float(summary["baseline_score"]),
+            "total_speedup": float(summary["total_speedup"]),
+        }
+        return LossResult(est, per_example, per_dataset, metrics, None, len(results))
+
+    def fidelity_loss(self, engine: LazyLLM, desc: str) -> LossResult:
+        """Fidelity loss (mean KL per answer token, nats), stopping early when it cannot meet the budget."""
+        drifts, reason = self.fidelity.evaluate(engine, should_stop=self.early_stop_fidelity, desc=desc)
+        if reason:
+            return LossResult(None, {}, {}, {}, reason, len(drifts))
+        keys = [f"{d.dataset}/{d.record_id}" for d in drifts]
+        weights = [self.weights[k] for k in keys]
+        est = estimate([d.kl for d in drifts], weights, level=self.settings.confidence)
+        by: dict[str, list[float]] = {}
+        for d in drifts:
+            by.setdefault(d.dataset, []).append(d.kl)
+        metrics = {"kl": est.value, "top1": estimate([d.top1 for d in drifts], weights).value}
+        golds = [d.gold_delta for d in drifts if d.gold_delta is not None]
+        if len(golds) == len(drifts):
+            metrics["gold_delta"] = estimate(golds, weights).value
+        per_example = {k: d.kl for k, d in zip(keys, drifts)}
+        per_dataset = {k: statistics.fmean(v) for k, v in by.items()}
+        return LossResult(est, per_example, per_dataset, metrics, None, len(drifts))
+
+    def loss(self, engine: LazyLLM, desc: str) -> LossResult:
+        """The study's accuracy objective (``settings.accuracy``) for ``engine``."""
+        if self.settings.accuracy == "fidelity":
+            return self.fidelity_loss(engine, desc)
+        return self.score_loss(engine, desc)
 
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
         if is_surplus(trial.study, trial.number, self.settings.n_trials):
@@ -143,30 +268,60 @@ class StudyRunner:
                 trial.set_constraint(key, value)
             return float(earlier.values[0]), float(earlier.values[1])
         engine = LazyLLM(self.model, schedule, tokenizer=self.tokenizer, strict_model_name=False)
-        results, reason = self.evaluator.evaluate(
-            "lazyllm",
-            engine,
-            paired_timing=self.settings.speedup == "measured",
-            should_stop=self.early_stop,
-            desc=f"trial {trial.number}",
+        out = self.loss(engine, f"trial {trial.number}")
+        trial.set_user_attr("examples_run", out.examples_run)
+        est, per_example, per_dataset, metrics = out.estimate, out.per_example, out.per_dataset, out.metrics
+        if out.reason or est is None:
+            trial.set_user_attr("wall_time_s", time.perf_counter() - start)
+            trial.set_user_attr("stopped_early", out.reason)
+            raise optuna.TrialPruned(out.reason)
+        speed = self.measure_speed(engine, schedule) if self.settings.speedup == "measured" else None
+        wall = time.perf_counter() - start
+        computed = (
+            100.0 * sum(schedule.keep_counts(self.prompt_tokens)) / (self.prompt_tokens * self.num_layers)
         )
-        trial.set_user_attr("wall_time_s", time.perf_counter() - start)
-        trial.set_user_attr("examples_run", len(results))
-        if reason:
-            trial.set_user_attr("stopped_early", reason)
-            raise optuna.TrialPruned(reason)
-        summary = summarize(results, self.baseline.results)
-        loss = float(summary["accuracy_loss"])
-        measured = float(summary["ttft_speedup"])
-        trial.set_user_attr("measured_ttft_speedup", measured)
-        trial.set_user_attr("total_speedup", float(summary["total_speedup"]))
-        trial.set_user_attr("prompt_computed_pct", float(summary["prompt_computed_pct"]))
-        trial.set_user_attr("score", float(summary["score"]))
-        trial.set_user_attr("baseline_score", float(summary["baseline_score"]))
-        trial.set_user_attr("dataset_scores", summary["dataset_scores"])
-        trial.set_constraint("accuracy_loss", loss - self.settings.max_accuracy_loss)  # read by the samplers
-        speedup = measured if self.settings.speedup == "measured" else flops
-        return speedup, loss
+        record = TrialRecord(
+            number=trial.number,
+            percentiles=schedule.percentiles,
+            params=dict(trial.params),
+            accuracy=self.settings.accuracy,
+            speedup=speed.speedup if speed is not None else flops,
+            loss=est,
+            flop_speedup=flops,
+            prompt_computed_pct=computed,
+            speed=speed,
+            metrics=metrics,
+            per_dataset=per_dataset,
+            per_example=per_example,
+            provenance={
+                "model": self.settings.model,
+                "task": self.settings.task,
+                "sampler": self.settings.sampler,
+                "seed": self.settings.seed,
+                "speedup_kind": self.settings.speedup,
+                "timing_example": self.timing_example.key,
+                "timing_prompt_tokens": len(self.timing_example.input_ids),
+                "wall_time_s": wall,
+                "lazyllm_version": lazyllm.__version__,
+            },
+        )
+        trial.set_user_attr(RECORD_ATTR, record.to_dict())
+        # the keys older readers (export, MLflow tracking) look up; the record is the source
+        trial.set_user_attr("wall_time_s", wall)
+        trial.set_user_attr("prompt_computed_pct", computed)
+        trial.set_user_attr("dataset_scores", per_dataset if self.settings.accuracy == "score" else {})
+        trial.set_user_attr("dataset_loss", per_dataset)
+        trial.set_user_attr("accuracy_loss_interval", [est.low, est.high])
+        trial.set_user_attr("accuracy_loss_upper", est.upper)
+        trial.set_user_attr("accuracy_loss_se", est.se if math.isfinite(est.se) else None)
+        for key in ("score", "baseline_score", "total_speedup", "top1", "gold_delta"):
+            if key in metrics:
+                trial.set_user_attr(key, metrics[key])
+        if speed is not None:
+            trial.set_user_attr("measured_ttft_speedup", speed.speedup)
+        # read by the samplers: feasible when the one-sided upper bound is within budget
+        trial.set_constraint("accuracy_loss", est.upper - self.budget)
+        return record.speedup, est.value
 
 
 @contextmanager
@@ -287,11 +442,37 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     return sorted(front, key=lambda t: (-t.values[0], t.values[1], t.number))
 
 
-def recommended_trial(study: optuna.Study, max_accuracy_loss: float) -> FrozenTrial | None:
-    """The fastest complete trial whose accuracy loss is within the budget."""
+def feasible(trial: FrozenTrial, max_accuracy_loss: float) -> bool:
+    """Within budget: every stored constraint <= 0 (the loss's one-sided upper bound within the
+    study's budget); a trial without constraints falls back to its loss value against ``max_accuracy_loss``."""
+    if trial.constraints:
+        return all(c <= 0 for c in trial.constraints.values())
+    return bool(trial.values) and trial.values[1] <= max_accuracy_loss
+
+
+def feasible_front(study: optuna.Study, max_accuracy_loss: float) -> list[FrozenTrial]:
+    """Non-dominated trials among the feasible ones, fastest first."""
     ok = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.values and t.values[1] <= max_accuracy_loss
+        if t.values and feasible(t, max_accuracy_loss) and "duplicate_of" not in t.user_attrs
+    ]
+    front = [
+        t
+        for t in ok
+        if not any(
+            o.values[0] >= t.values[0] and o.values[1] <= t.values[1] and tuple(o.values) != tuple(t.values)
+            for o in ok
+        )
+    ]
+    return sorted(front, key=lambda t: (-t.values[0], t.values[1], t.number))
+
+
+def recommended_trial(study: optuna.Study, max_accuracy_loss: float) -> FrozenTrial | None:
+    """The fastest complete feasible trial (before confirmation; see :mod:`tuner.confirm`)."""
+    ok = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.values and feasible(t, max_accuracy_loss)
     ]
     return max(ok, key=lambda t: (t.values[0], -t.values[1], -t.number), default=None)

@@ -66,7 +66,7 @@ _STUDY = "lazyllm.study"
 _REASON = "lazyllm.end_reason"
 # the files of the study folder that end up on the parent run (folders keep their name)
 STUDY_FILES = ("pareto.json", "pareto.csv", "pareto.png", "pareto.html", "keep_curves.png",
-               "keep_curves.html", "recommended.json", "heldout.json", "pareto")  # fmt: skip
+               "keep_curves.html", "recommended.json", "heldout.json", "confirmation.json", "pareto")  # fmt: skip
 _STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED"}
 
 

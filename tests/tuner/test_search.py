@@ -41,7 +41,7 @@ def test_study_end_to_end_and_resume(
         assert {"flop_speedup", "prompt_computed_pct", "dataset_scores", "wall_time_s", "percentiles"} <= set(
             t.user_attrs
         )
-        assert set(t.user_attrs["dataset_scores"]) == {"hotpotqa", "trec"}
+        assert set(t.user_attrs["dataset_loss"]) == {"hotpotqa", "trec"}  # default accuracy: fidelity (KL)
         assert list(t.constraints) == ["accuracy_loss"]
     # keep-all loses nothing: its predictions are the baseline's
     assert trials[0].values[1] == 0.0 and trials[0].user_attrs["prompt_computed_pct"] == 100.0
@@ -53,7 +53,11 @@ def test_study_end_to_end_and_resume(
     for name in ("pareto.png", "pareto.html", "keep_curves.png", "pareto.csv", "heldout.json"):
         assert (study_dir / name).stat().st_size > 0
     heldout = json.loads((study_dir / "heldout.json").read_text())
-    assert [r["schedule"].split(" ")[0] for r in heldout["rows"]] == ["recommended", "best"]
+    assert [r["schedule"].split(" (")[0] for r in heldout["rows"]] == [
+        "recommended",
+        "best paper-style",
+        "best one-stage",
+    ]
 
     # the same command with a larger count adds trials; nothing finished is redone
     assert main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout")) == 0
@@ -139,7 +143,7 @@ def test_early_stop_rule_and_pruned_trials(
     monkeypatch.setattr(
         StudyRunner, "early_stop", lambda self, results: "out of budget" if len(results) >= 1 else None
     )
-    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout")) == 0
+    assert main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--accuracy", "score")) == 0
     trials = optuna.load_study(
         study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"
     ).get_trials()

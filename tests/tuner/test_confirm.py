@@ -1,0 +1,101 @@
+"""tuner.confirm and tuner.records: the confirmation stage on a real (tiny) study, and the trial record."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from lazyllm.schedule import Schedule
+from tests.support import longbench_dir
+from tuner.confirm import confirm, write_confirmation
+from tuner.records import TrialRecord
+from tuner.search import main, parse_settings
+from tuner.session import open_session
+from tuner.study import BaselineStats
+
+
+def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--model", str(folder), "--task", "hotpotqa,trec", "--n-examples", "2", "--max-prompt-tokens", "96",
+        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(out), "--study-name", "c",
+        "--sampler", "random", "--tracking-uri", "none", "--timing-rounds", "2", *extra,
+    ]  # fmt: skip
+
+
+def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _argv(
+        tiny_folder, tmp_path, "--n-trials", "3", "--confirm-k", "2", "--no-heldout", "--max-kl", "10",
+        "--speedup", "flops",
+    )  # fmt: skip
+    assert main(argv) == 0
+    assert "Confirmation (task score on every validation example)" in capsys.readouterr().out
+    d = tmp_path / "c"
+    data = json.loads((d / "confirmation.json").read_text())
+    # keep-all (KL 0) and the faster pruned trials form the feasible front: two candidates
+    assert len(data["candidates"]) == 2 and data["level"] == 0.9 and data["n_examples"] == 4
+    statuses = [c["status"] for c in data["candidates"]]
+    # racing: the first confirmed candidate ends it, every later one is skipped
+    assert statuses[0] == "confirmed" and all(s == "skipped" for s in statuses[1:])
+    speeds = [c["speedup"] for c in data["candidates"]]
+    assert speeds == sorted(speeds, reverse=True)
+    rec = Schedule.load(d / "recommended.json")
+    conf = rec.metadata["confirmation"]
+    assert conf["trial"] == data["recommended_trial"] and conf["status"] == "confirmed"
+    assert conf["task_loss"]["upper"] <= conf["budget"] and conf["task_loss"]["n"] == 4
+    rows = json.loads((d / "pareto.json").read_text())
+    assert all("confirmation" in r and "accuracy_loss_upper" in r for r in rows)
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    assert study.user_attrs["confirmation"] == data
+
+    # the same study against a baseline that scored perfectly: every candidate loses 100 points
+    settings = parse_settings(argv)
+    session = open_session(settings, progress=False)
+    perfect = tuple(dataclasses.replace(b, score=1.0) for b in session.runner.baseline.results)
+    session.runner.baseline = BaselineStats.of(perfect)
+    failed = confirm(study, session.runner, 2)
+    assert failed.recommended is None and {c.status for c in failed.candidates} == {"failed"}
+    assert all("budget" in c.reason for c in failed.candidates)
+    assert write_confirmation(study, failed, d) is None and not (d / "recommended.json").exists()
+    rows = json.loads((d / "pareto.json").read_text())
+    assert {r["confirmation"] for r in rows} <= {"failed", "not a candidate"}
+
+
+def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Path) -> None:
+    assert (
+        main(
+            _argv(
+                tiny_folder,
+                tmp_path,
+                "--n-trials",
+                "2",
+                "--confirm-k",
+                "0",
+                "--no-heldout",
+                "--max-kl",
+                "0.05",
+            )
+        )
+        == 0
+    )
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'c' / 'study.db'}")
+    for t in study.get_trials():
+        record = TrialRecord.from_trial(t)
+        assert record is not None and TrialRecord.from_dict(record.to_dict()) == record
+        assert record.accuracy == "fidelity" and record.loss.n == 4 and len(record.per_example) == 4
+        assert record.speed is not None and record.speed.rounds >= 2
+        assert (record.speedup, record.loss.value) == tuple(t.values)
+        # the constraint the samplers see is the one-sided upper bound minus the budget
+        assert t.constraints["accuracy_loss"] == record.loss.upper - 0.05
+        assert record.feasible(0.05) == (t.constraints["accuracy_loss"] <= 0)
+        flat = record.flat_metrics()
+        assert {"accuracy_loss_upper", "accuracy_loss_low", "top1", "flop_speedup"} <= set(flat)
+    pruned = TrialRecord.from_trial(study.trials[1])
+    assert pruned is not None and pruned.loss.upper > pruned.loss.value  # so the bound is what is used
+    with pytest.raises(ValueError, match="accuracy"):
+        dataclasses.replace(pruned, accuracy="bogus")

@@ -1,0 +1,107 @@
+"""tuner.fidelity: teacher-forced drift is exact for keep-all, positive for real pruning, cached as safetensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lazyllm.engine import LazyLLM
+from lazyllm.models import load_model
+from lazyllm.schedule import Schedule
+from tests.support import longbench_dir, make_tiny, prompt
+from tuner.evaluation import Evaluator
+from tuner.fidelity import FidelityEvaluator, ReferenceCache, drift, forced_logits, reference_from_logits
+from tuner.settings import EvalSettings
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_forced_logits_reproduce_generate(arch: str) -> None:
+    """Forced along its own greedy answer, a pruned engine gives generate's per-step logits exactly."""
+    model = make_tiny(arch)
+    layers = model.config.num_hidden_layers
+    sched = Schedule.from_layers("tiny", layers, {1: 50, 3: 40})
+    engine = LazyLLM(model, sched, strict_model_name=False)
+    ids = prompt(40, seed=1)
+    out = engine.generate(ids, max_new_tokens=6, eos_token_id=[], return_logits=True)
+    forced = forced_logits(engine, ids[0], out.token_ids)
+    assert forced.shape == (6, model.config.vocab_size)
+    assert torch.equal(forced, torch.stack(out.step_logits))
+
+
+def test_keep_all_forced_logits_match_a_transformers_forward() -> None:
+    """Teacher forcing along an arbitrary (non-greedy) answer: keep-all equals one plain forward pass."""
+    model = make_tiny("llama")
+    keep = LazyLLM(model, Schedule.keep_all("tiny", model.config.num_hidden_layers), strict_model_name=False)
+    ids = prompt(30, seed=4)
+    answer = [5, 17, 5, 90, 1]
+    forced = forced_logits(keep, ids[0], answer)
+    with torch.inference_mode():
+        full = model(torch.cat([ids, torch.tensor([answer[:-1]])], dim=1)).logits[0, ids.shape[1] - 1 :]
+    torch.testing.assert_close(forced, full.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_drift_of_keep_all_is_zero_and_of_pruning_positive() -> None:
+    model = make_tiny("llama")
+    layers = model.config.num_hidden_layers
+    keep = LazyLLM(model, Schedule.keep_all("tiny", layers), strict_model_name=False)
+    ids = prompt(48, seed=2)
+    answer = keep.generate(ids, max_new_tokens=8, eos_token_id=[]).token_ids
+    ref = reference_from_logits(answer, forced_logits(keep, ids[0], answer), top_k=5)
+    kl, top1 = drift(ref, forced_logits(keep, ids[0], answer))
+    assert kl == pytest.approx(0.0, abs=1e-6) and top1 == 1.0
+    hard = LazyLLM(model, Schedule.from_layers("tiny", layers, {0: 90}), strict_model_name=False)
+    kl_hard, _ = drift(ref, forced_logits(hard, ids[0], answer))
+    assert kl_hard > 1e-5  # a random tiny model is near-uniform: small, but far above float noise
+    # the coarsened KL never exceeds the full KL
+    p = torch.log_softmax(forced_logits(keep, ids[0], answer), -1).double()
+    q = torch.log_softmax(forced_logits(hard, ids[0], answer), -1).double()
+    full = float((p.exp() * (p - q)).sum(-1).mean())
+    assert 0 < kl_hard <= full + 1e-9
+
+
+def test_drift_hand_computed() -> None:
+    """Two-token vocabulary plus a third, top_k=1: KL of the coarsened distributions by hand."""
+    p = torch.tensor([[0.7, 0.2, 0.1]])
+    q = torch.tensor([[0.5, 0.3, 0.2]])
+    ref = reference_from_logits([0], p.log(), top_k=1)
+    kl, top1 = drift(ref, q.log())
+    expected = 0.7 * torch.log(torch.tensor(0.7 / 0.5)) + 0.3 * torch.log(torch.tensor(0.3 / 0.5))
+    assert kl == pytest.approx(float(expected), rel=1e-6) and top1 == 1.0
+    _, top1_other = drift(ref, torch.tensor([[0.1, 0.8, 0.1]]).log())
+    assert top1_other == 0.0
+
+
+def test_study_fidelity_cached_as_safetensors(tiny_folder: Path, tmp_path: Path) -> None:
+    model, tokenizer = load_model(str(tiny_folder))
+    config = EvalSettings(
+        model=str(tiny_folder), task="hotpotqa,trec", n_examples=1, max_prompt_tokens=96, max_new_tokens=3,
+        data_dir=longbench_dir(),
+    )  # fmt: skip
+    ev = Evaluator(model, tokenizer, config, tmp_path / "cache", progress=False)
+    fid = FidelityEvaluator(ev, top_k=4, gold=True)
+    layers = model.config.num_hidden_layers
+    keep = LazyLLM(model, Schedule.keep_all("x", layers), strict_model_name=False)
+    drifts, reason = fid.evaluate(keep)
+    assert reason is None and len(drifts) == len(ev.examples) == 2
+    for d in drifts:
+        assert d.kl == pytest.approx(0.0, abs=1e-6) and d.top1 == 1.0
+        assert d.gold_delta == pytest.approx(0.0, abs=1e-6)
+    assert fid.cache.path.suffix == ".safetensors" and fid.cache.path.parent == ev.cache.path.parent
+    again = ReferenceCache(fid.cache.path)
+    assert set(again.entries) == {ex.key for ex in ev.examples}
+    for key, ref in again.entries.items():
+        assert torch.equal(ref.topk_logp, fid.cache.entries[key].topk_logp)
+    pruned = LazyLLM(model, Schedule.from_layers("x", layers, {0: 80}), strict_model_name=False)
+    hard, _ = fid.evaluate(pruned)
+    assert sum(d.kl for d in hard) > 0
+    # a stop rule sees each example's drift and ends the pass early
+    stopped, why = fid.evaluate(pruned, should_stop=lambda done: "enough" if len(done) == 1 else None)
+    assert why == "enough" and len(stopped) == 1
+
+
+def test_reference_cache_ignores_corrupt_file(tmp_path: Path) -> None:
+    path = tmp_path / "fidelity-x.safetensors"
+    path.write_bytes(b"not safetensors")
+    assert ReferenceCache(path).entries == {}

@@ -1,0 +1,46 @@
+"""tuner.heldout: the hand-made families and the wording of a comparison; new settings of issue 12."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.evaluation import ExampleResult
+from tuner.heldout import _verdict, hand_made_grid, one_stage_grid
+from tuner.search import parse_settings
+
+
+def _r(dataset: str, score: float, i: int) -> ExampleResult:
+    return ExampleResult(dataset, str(i), "lazyllm", "", score, 1.0, 1.0, 10, 1, 1.0, 1.0, 1.0, 1.0)
+
+
+def test_one_stage_grid_prunes_once_to_the_named_share() -> None:
+    grid = one_stage_grid("m", 30)
+    assert len(grid) == 6
+    s = grid["one-stage keep=30% after layer 15"]
+    assert [i for i, p in enumerate(s.percentiles) if p] == [15] and s.keep_counts(100)[16] == 30
+    assert all(len([p for p in g.percentiles if p]) > 1 for g in hand_made_grid("m", 30).values())
+
+
+def test_verdict_says_when_two_schedules_cannot_be_told_apart() -> None:
+    rec = [_r("a", s, i) for i, s in enumerate([1.0, 0.0, 1.0, 0.0, 1.0, 0.0])]
+    same_ish = [_r("a", s, i) for i, s in enumerate([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])]
+    text = _verdict("recommended", "hand", rec, same_ish, 0.9)
+    assert "cannot be told apart" in text and "n=6" in text
+    worse = [_r("a", 0.0, i) for i in range(6)]
+    text = _verdict("recommended", "hand", rec, worse, 0.9)
+    assert text.startswith("recommended loses less") and "-50.00 points" in text
+
+
+def test_issue12_settings_flags_and_validation() -> None:
+    s = parse_settings(
+        ["--accuracy", "score", "--confirm-k", "5", "--confidence", "0.95", "--timing-rounds", "3"]
+    )
+    assert (s.accuracy, s.confirm_k, s.confidence, s.timing_rounds) == ("score", 5, 0.95, 3)
+    d = parse_settings([])
+    assert d.accuracy == "fidelity" and d.n_examples is None  # every validation example by default
+    with pytest.raises(ValueError, match=r"confidence = 1\.0"):
+        parse_settings(["--confidence", "1.0"])
+    with pytest.raises(ValueError, match="max_kl = 0"):
+        parse_settings(["--max-kl", "0"])
+    with pytest.raises(SystemExit):
+        parse_settings(["--accuracy", "bogus"])
