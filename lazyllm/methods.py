@@ -8,9 +8,15 @@ a schedule are matched to its compute here, beside the baselines themselves:
 - ``static``: prunes once after ``score_layers`` = 2 layers, keeping the share of prompt tokens that
   computes the same (token, layer) pairs as the schedule in the long-prompt limit.
 - ``compression``: drops the share of prompt words that the schedule skips overall.
+- ``gemfilter`` / ``tsp``: the peers of :mod:`lazyllm.peers` (GemFilter, FastKV's token-selective
+  propagation); they need no schedule and take their own knobs as ``options`` (``r``, ``k``;
+  ``layer``, ``budget``), the papers' defaults otherwise.
 
->>> method_names()[:3]
-['baseline', 'compression', 'lazyllm']
+Every method declares the option names it takes; :func:`check_options` validates names and
+model-independent values before any model is loaded (an unknown name lists the valid ones).
+
+>>> method_names()
+['baseline', 'compression', 'gemfilter', 'lazyllm', 'random', 'static', 'tsp']
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 
 from lazyllm.baselines import PromptCompression, random_drop, static_pruning
 from lazyllm.engine import GenerationResult, LazyLLM
+from lazyllm.peers import GemFilter, GemFilterKnobs, TokenSelectivePropagation, TSPKnobs
 from lazyllm.schedule import Schedule
 
 
@@ -71,16 +78,36 @@ class MethodRequest:
 
 
 MethodFactory = Callable[[MethodRequest], Generator]
+OptionsCheck = Callable[[Mapping[str, float]], object]
 METHODS: dict[str, MethodFactory] = {}
+METHOD_OPTIONS: dict[str, OptionsCheck] = {}
 
 
-def register_method(name: str) -> Callable[[MethodFactory], MethodFactory]:
-    """Decorator: add a factory to :data:`METHODS` under ``name`` (names are unique)."""
+def _no_options(name: str) -> OptionsCheck:
+    def check(options: Mapping[str, float]) -> None:
+        if options:
+            raise ValueError(
+                f"method {name!r} takes no options (got {', '.join(sorted(options))}); "
+                "options are for: gemfilter (k, r), tsp (budget, layer)"
+            )
+
+    return check
+
+
+def register_method(
+    name: str, *, options: OptionsCheck | None = None
+) -> Callable[[MethodFactory], MethodFactory]:
+    """Decorator: add a factory to :data:`METHODS` under ``name`` (names are unique).
+
+    ``options`` validates the method's knobs without a model (raising ``ValueError``); by default a
+    method takes none.
+    """
 
     def add(factory: MethodFactory) -> MethodFactory:
         if name in METHODS:
             raise ValueError(f"method {name!r} is registered twice")
         METHODS[name] = factory
+        METHOD_OPTIONS[name] = options or _no_options(name)
         return factory
 
     return add
@@ -95,6 +122,12 @@ def check_method(name: str) -> None:
         raise ValueError(f"Unknown method {name!r}. Available: {', '.join(method_names())}")
 
 
+def check_options(name: str, options: Mapping[str, float]) -> None:
+    """Validate ``options`` for method ``name`` before any model is loaded (one-line ``ValueError``)."""
+    check_method(name)
+    METHOD_OPTIONS[name](options)
+
+
 def make_method(
     name: str,
     model: Any,
@@ -105,7 +138,7 @@ def make_method(
     options: Mapping[str, float] | None = None,
 ) -> Generator:
     """A generator for method ``name`` (see :data:`METHODS`)."""
-    check_method(name)
+    check_options(name, options or {})
     request = MethodRequest(model, tokenizer, schedule, seed, dict(options or {}))
     return METHODS[name](request)
 
@@ -153,3 +186,15 @@ def _static(req: MethodRequest) -> Generator:
 def _compression(req: MethodRequest) -> Generator:
     drop = min(0.95, max(0.0, 1.0 - req.computed_share("compression")))
     return PromptCompression(req.model, req.tokenizer, drop_fraction=drop)
+
+
+@register_method("gemfilter", options=GemFilterKnobs.from_options)
+def _gemfilter(req: MethodRequest) -> Generator:
+    knobs = GemFilterKnobs.from_options(req.options)
+    return GemFilter(req.model, req.tokenizer, r=knobs.r, k=knobs.k)
+
+
+@register_method("tsp", options=TSPKnobs.from_options)
+def _tsp(req: MethodRequest) -> Generator:
+    knobs = TSPKnobs.from_options(req.options)
+    return TokenSelectivePropagation(req.model, req.tokenizer, layer=knobs.layer, budget=knobs.budget)
