@@ -21,6 +21,7 @@ model-independent values before any model is loaded (an unknown name lists the v
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -81,6 +82,7 @@ MethodFactory = Callable[[MethodRequest], Generator]
 OptionsCheck = Callable[[Mapping[str, float]], object]
 METHODS: dict[str, MethodFactory] = {}
 METHOD_OPTIONS: dict[str, OptionsCheck] = {}
+NEEDS_SCHEDULE: dict[str, bool] = {}
 
 
 def _no_options(name: str) -> OptionsCheck:
@@ -95,12 +97,12 @@ def _no_options(name: str) -> OptionsCheck:
 
 
 def register_method(
-    name: str, *, options: OptionsCheck | None = None
+    name: str, *, options: OptionsCheck | None = None, needs_schedule: bool = True
 ) -> Callable[[MethodFactory], MethodFactory]:
     """Decorator: add a factory to :data:`METHODS` under ``name`` (names are unique).
 
     ``options`` validates the method's knobs without a model (raising ``ValueError``); by default a
-    method takes none.
+    method takes none. ``needs_schedule``: whether the method is matched to a tuned schedule.
     """
 
     def add(factory: MethodFactory) -> MethodFactory:
@@ -108,6 +110,7 @@ def register_method(
             raise ValueError(f"method {name!r} is registered twice")
         METHODS[name] = factory
         METHOD_OPTIONS[name] = options or _no_options(name)
+        NEEDS_SCHEDULE[name] = needs_schedule
         return factory
 
     return add
@@ -128,6 +131,43 @@ def check_options(name: str, options: Mapping[str, float]) -> None:
     METHOD_OPTIONS[name](options)
 
 
+def needs_schedule(name: str) -> bool:
+    """Whether method ``name`` needs a schedule (``baseline`` and the peers do not)."""
+    check_method(name)
+    return NEEDS_SCHEDULE[name]
+
+
+def parse_method_options(text: str | None) -> dict[str, dict[str, float]]:
+    """``"gemfilter.k=0.3,tsp.layer=14"`` -> ``{"gemfilter": {"k": 0.3}, "tsp": {"layer": 14.0}}``,
+    every method and knob validated (:func:`check_options`).
+
+    >>> parse_method_options("gemfilter.k=0.3, gemfilter.r=12")
+    {'gemfilter': {'k': 0.3, 'r': 12.0}}
+    """
+    out: dict[str, dict[str, float]] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        method, dot, knob = key.strip().partition(".")
+        if not eq or not dot or not method or not knob.strip():
+            raise ValueError(f"method option {item!r}: write METHOD.KNOB=VALUE, e.g. gemfilter.k=0.3")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"method option {item!r}: {value.strip()!r} is not a number") from None
+        if not math.isfinite(number):
+            raise ValueError(f"method option {item!r}: must be a finite number")
+        knobs = out.setdefault(method, {})
+        if knob.strip() in knobs:
+            raise ValueError(f"method option {key.strip()!r} is given twice")
+        knobs[knob.strip()] = number
+    for method, knobs in out.items():
+        check_options(method, knobs)
+    return out
+
+
 def make_method(
     name: str,
     model: Any,
@@ -143,7 +183,7 @@ def make_method(
     return METHODS[name](request)
 
 
-@register_method("baseline")
+@register_method("baseline", needs_schedule=False)
 def _baseline(req: MethodRequest) -> Generator:
     name = str(req.model.config.name_or_path)
     return LazyLLM(req.model, Schedule.keep_all(name, req.num_layers), tokenizer=req.tokenizer)
@@ -188,13 +228,13 @@ def _compression(req: MethodRequest) -> Generator:
     return PromptCompression(req.model, req.tokenizer, drop_fraction=drop)
 
 
-@register_method("gemfilter", options=GemFilterKnobs.from_options)
+@register_method("gemfilter", options=GemFilterKnobs.from_options, needs_schedule=False)
 def _gemfilter(req: MethodRequest) -> Generator:
     knobs = GemFilterKnobs.from_options(req.options)
     return GemFilter(req.model, req.tokenizer, r=knobs.r, k=knobs.k)
 
 
-@register_method("tsp", options=TSPKnobs.from_options)
+@register_method("tsp", options=TSPKnobs.from_options, needs_schedule=False)
 def _tsp(req: MethodRequest) -> Generator:
     knobs = TSPKnobs.from_options(req.options)
     return TokenSelectivePropagation(req.model, req.tokenizer, layer=knobs.layer, budget=knobs.budget)
