@@ -8,13 +8,20 @@ a schedule are matched to its compute here, beside the baselines themselves:
 - ``static``: prunes once after ``score_layers`` = 2 layers, keeping the share of prompt tokens that
   computes the same (token, layer) pairs as the schedule in the long-prompt limit.
 - ``compression``: drops the share of prompt words that the schedule skips overall.
+- ``gemfilter`` / ``tsp``: the peers of :mod:`lazyllm.peers` (GemFilter, FastKV's token-selective
+  propagation); they need no schedule and take their own knobs as ``options`` (``r``, ``k``;
+  ``layer``, ``budget``), the papers' defaults otherwise.
 
->>> method_names()[:3]
-['baseline', 'compression', 'lazyllm']
+Every method declares the option names it takes; :func:`check_options` validates names and
+model-independent values before any model is loaded (an unknown name lists the valid ones).
+
+>>> method_names()
+['baseline', 'compression', 'gemfilter', 'lazyllm', 'random', 'static', 'tsp']
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,6 +30,7 @@ import torch
 
 from lazyllm.baselines import PromptCompression, random_drop, static_pruning
 from lazyllm.engine import GenerationResult, LazyLLM
+from lazyllm.peers import GemFilter, GemFilterKnobs, TokenSelectivePropagation, TSPKnobs
 from lazyllm.schedule import Schedule
 
 
@@ -71,16 +79,38 @@ class MethodRequest:
 
 
 MethodFactory = Callable[[MethodRequest], Generator]
+OptionsCheck = Callable[[Mapping[str, float]], object]
 METHODS: dict[str, MethodFactory] = {}
+METHOD_OPTIONS: dict[str, OptionsCheck] = {}
+NEEDS_SCHEDULE: dict[str, bool] = {}
 
 
-def register_method(name: str) -> Callable[[MethodFactory], MethodFactory]:
-    """Decorator: add a factory to :data:`METHODS` under ``name`` (names are unique)."""
+def _no_options(name: str) -> OptionsCheck:
+    def check(options: Mapping[str, float]) -> None:
+        if options:
+            raise ValueError(
+                f"method {name!r} takes no options (got {', '.join(sorted(options))}); "
+                "options are for: gemfilter (k, r), tsp (budget, layer)"
+            )
+
+    return check
+
+
+def register_method(
+    name: str, *, options: OptionsCheck | None = None, needs_schedule: bool = True
+) -> Callable[[MethodFactory], MethodFactory]:
+    """Decorator: add a factory to :data:`METHODS` under ``name`` (names are unique).
+
+    ``options`` validates the method's knobs without a model (raising ``ValueError``); by default a
+    method takes none. ``needs_schedule``: whether the method is matched to a tuned schedule.
+    """
 
     def add(factory: MethodFactory) -> MethodFactory:
         if name in METHODS:
             raise ValueError(f"method {name!r} is registered twice")
         METHODS[name] = factory
+        METHOD_OPTIONS[name] = options or _no_options(name)
+        NEEDS_SCHEDULE[name] = needs_schedule
         return factory
 
     return add
@@ -95,6 +125,49 @@ def check_method(name: str) -> None:
         raise ValueError(f"Unknown method {name!r}. Available: {', '.join(method_names())}")
 
 
+def check_options(name: str, options: Mapping[str, float]) -> None:
+    """Validate ``options`` for method ``name`` before any model is loaded (one-line ``ValueError``)."""
+    check_method(name)
+    METHOD_OPTIONS[name](options)
+
+
+def needs_schedule(name: str) -> bool:
+    """Whether method ``name`` needs a schedule (``baseline`` and the peers do not)."""
+    check_method(name)
+    return NEEDS_SCHEDULE[name]
+
+
+def parse_method_options(text: str | None) -> dict[str, dict[str, float]]:
+    """``"gemfilter.k=0.3,tsp.layer=14"`` -> ``{"gemfilter": {"k": 0.3}, "tsp": {"layer": 14.0}}``,
+    every method and knob validated (:func:`check_options`).
+
+    >>> parse_method_options("gemfilter.k=0.3, gemfilter.r=12")
+    {'gemfilter': {'k': 0.3, 'r': 12.0}}
+    """
+    out: dict[str, dict[str, float]] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        method, dot, knob = key.strip().partition(".")
+        if not eq or not dot or not method or not knob.strip():
+            raise ValueError(f"method option {item!r}: write METHOD.KNOB=VALUE, e.g. gemfilter.k=0.3")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"method option {item!r}: {value.strip()!r} is not a number") from None
+        if not math.isfinite(number):
+            raise ValueError(f"method option {item!r}: must be a finite number")
+        knobs = out.setdefault(method, {})
+        if knob.strip() in knobs:
+            raise ValueError(f"method option {key.strip()!r} is given twice")
+        knobs[knob.strip()] = number
+    for method, knobs in out.items():
+        check_options(method, knobs)
+    return out
+
+
 def make_method(
     name: str,
     model: Any,
@@ -105,12 +178,12 @@ def make_method(
     options: Mapping[str, float] | None = None,
 ) -> Generator:
     """A generator for method ``name`` (see :data:`METHODS`)."""
-    check_method(name)
+    check_options(name, options or {})
     request = MethodRequest(model, tokenizer, schedule, seed, dict(options or {}))
     return METHODS[name](request)
 
 
-@register_method("baseline")
+@register_method("baseline", needs_schedule=False)
 def _baseline(req: MethodRequest) -> Generator:
     name = str(req.model.config.name_or_path)
     return LazyLLM(req.model, Schedule.keep_all(name, req.num_layers), tokenizer=req.tokenizer)
@@ -153,3 +226,15 @@ def _static(req: MethodRequest) -> Generator:
 def _compression(req: MethodRequest) -> Generator:
     drop = min(0.95, max(0.0, 1.0 - req.computed_share("compression")))
     return PromptCompression(req.model, req.tokenizer, drop_fraction=drop)
+
+
+@register_method("gemfilter", options=GemFilterKnobs.from_options, needs_schedule=False)
+def _gemfilter(req: MethodRequest) -> Generator:
+    knobs = GemFilterKnobs.from_options(req.options)
+    return GemFilter(req.model, req.tokenizer, r=knobs.r, k=knobs.k)
+
+
+@register_method("tsp", options=TSPKnobs.from_options, needs_schedule=False)
+def _tsp(req: MethodRequest) -> Generator:
+    knobs = TSPKnobs.from_options(req.options)
+    return TokenSelectivePropagation(req.model, req.tokenizer, layer=knobs.layer, budget=knobs.budget)

@@ -8,6 +8,10 @@ speedup, per method. Table 2: share of prompt (token, layer) pairs computed and 
 (total time) speedup. Both with sample counts. Written as markdown, CSV and PNG under ``--output``,
 with per-example JSONL and a summary JSON per method (reruns overwrite). The default ``--output`` is
 ``outputs/evaluate/<model>-<task>-<split>``, so evaluations of different tasks never overwrite each other.
+
+Method knobs: ``--method-options gemfilter.k=0.3,tsp.layer=14`` (validated before the model loads).
+``--match-speedup`` adds the peers at the schedule's speedup and loss (:mod:`tuner.matched`):
+``matched.md``, ``matched.csv``, ``matched.png``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from typing import Any
 from lazyllm.cli import cli_main
 from lazyllm.methods import make_method
 from lazyllm.models import load_model
+from lazyllm.peers import PEER_METHODS
 from lazyllm.schedule import Schedule
+from tuner import matched
 from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator, ExampleResult, summarize, write_results
 from tuner.longbench import DATASETS
@@ -130,11 +136,16 @@ def evaluate(settings: EvaluateSettings) -> int:
     evaluator = Evaluator(model, tokenizer, settings.eval_only(), out / "cache")
     baseline = evaluator.baseline_results()
     results: dict[str, list[ExampleResult]] = {}
+    options = settings.options_by_method
     for method in settings.method_list:
+        if settings.match_speedup and method in PEER_METHODS:
+            continue  # run by the matched comparison, at matched knobs and along its sweep
         if method == "baseline":
             res = baseline
         else:
-            generator = make_method(method, model, tokenizer, schedule, seed=settings.seed)
+            generator = make_method(
+                method, model, tokenizer, schedule, seed=settings.seed, options=options.get(method)
+            )
             res, _ = evaluator.evaluate(method, generator)
         results[method] = res
         write_results(res, summarize(res, baseline), out, method)
@@ -151,6 +162,8 @@ def evaluate(settings: EvaluateSettings) -> int:
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, out / "report.png")
+    if settings.match_speedup and schedule is not None:
+        text += "\n" + matched.run(settings, evaluator, schedule, baseline)
     print(text)
     print(f"written: {out}/report.md, report.csv, report.png, <method>.jsonl, <method>.summary.json")
     return 0

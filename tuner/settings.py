@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from lazyllm.methods import check_method
+from lazyllm.methods import check_method, needs_schedule, parse_method_options
 from lazyllm.models import DEFAULT_MODEL
 from tuner.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task
 from tuner.samplers import check_sampler, sampler_names
@@ -258,6 +258,14 @@ class EvaluateSettings(EvalSettings):
     allow_other_model: bool = field(
         default=False, metadata=_help("use a schedule made for another model of the same depth")
     )
+    method_options: str | None = field(
+        default=None,
+        metadata=_help("method knobs, comma list of METHOD.KNOB=VALUE, e.g. gemfilter.k=0.3,tsp.layer=14"),
+    )
+    match_speedup: bool = field(
+        default=False,
+        metadata=_help("also compare the peers (gemfilter, tsp) with the schedule at matched speed and loss"),
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -265,8 +273,15 @@ class EvaluateSettings(EvalSettings):
             raise ValueError("methods is empty: pass a comma list such as baseline,lazyllm")
         for method in self.method_list:
             check_method(method)
-        if self.schedule is None and any(m != "baseline" for m in self.method_list):
-            raise ValueError("--schedule is needed for methods other than baseline")
+        self.options_by_method  # noqa: B018 - validates names and values before any model loads
+        if self.schedule is None and (self.match_speedup or any(needs_schedule(m) for m in self.method_list)):
+            needing = [m for m in self.method_list if needs_schedule(m)] or ["--match-speedup"]
+            raise ValueError(f"--schedule is needed for {', '.join(needing)}")
+
+    @property
+    def options_by_method(self) -> dict[str, dict[str, float]]:
+        """``method_options`` parsed and validated: method -> knob -> value."""
+        return parse_method_options(self.method_options)
 
     @property
     def method_list(self) -> list[str]:
