@@ -9,13 +9,11 @@
 * **TSP**, FastKV's token-selective propagation (Jo et al. 2025, arXiv 2502.01068;
   :class:`TokenSelectivePropagation`): every prompt token runs through layers ``0..layer``; after
   ``layer`` only the ``budget`` tokens the last position attends to most propagate to the later layers.
-  In our terms a one-stage LazyLLM schedule. Decoding never revives a dropped token: each step sees
-  only the propagated prompt tokens (LazyLLM's static/no-revival path). FastKV itself keeps a
+  In our terms a one-stage LazyLLM schedule. Decoding never revives a dropped token: with LazyLLM's
+  ``frozen`` revival policy each step sees, per layer, the prompt tokens that layer kept in the
+  prefill (every token up to ``layer``, the propagated ones after it). FastKV itself also keeps a
   separately compressed KV cache (its "KV retention rate") for every layer; we leave KV compression
-  out, so this is TSP alone, and the early layers' decoding steps see the propagated tokens too
-  rather than a second, independent selection. See :func:`_tsp_engine` for the one place to change
-  once :class:`~lazyllm.schedule.Schedule` carries a "frozen" revival policy (early layers keep every
-  token they computed, later layers the propagated ones).
+  out, so this is TSP alone.
 
 The last prompt position is the query of both selections and always survives; ties drop the earlier
 position first (LazyLLM's rounding rule, :func:`lazyllm.engine.select_survivors`).
@@ -294,11 +292,12 @@ class GemFilter:
 def _tsp_engine(model: Any, schedule: Schedule, tokenizer: Any) -> LazyLLM:
     """LazyLLM with TSP's decoding rule: a token dropped in the prefill never comes back.
 
-    Today that is LazyLLM's static path (every layer's decoding steps see the propagated prompt
-    tokens). Once :class:`~lazyllm.schedule.Schedule` has a "frozen" revival policy, use it here: the
-    layers up to the TSP layer then keep every prompt token in decoding, as FastKV's TSP does.
+    That is the ``frozen`` revival policy: decoding steps see, per layer, the prompt tokens that
+    layer kept in the prefill, so the layers up to the TSP layer keep every prompt token, as FastKV's
+    TSP does, and the later ones only the propagated tokens.
     """
-    return LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False, static=True)
+    frozen = schedule.with_revival("frozen")
+    return LazyLLM(model, frozen, tokenizer=tokenizer, strict_model_name=False)
 
 
 class TokenSelectivePropagation:
