@@ -69,12 +69,6 @@ class LayerKV:
             raise RuntimeError("LayerKV is empty")
         return self.positions[: self.length]
 
-    def nbytes(self) -> int:
-        if self.keys is None or self.values is None:
-            return 0
-        per_slot = self.keys[:, :, :1].numel() * self.keys.element_size() * 2
-        return per_slot * self.length
-
 
 class GenerationState:
     """Everything the engine keeps between the steps of one generation (see the module docstring).
@@ -153,6 +147,3 @@ class GenerationState:
         self.aux_has[layer, positions] = False
         self.aux_entries -= positions.shape[0]
         return aux[positions]
-
-    def kv_bytes(self) -> int:
-        return sum(kv.nbytes() for kv in self.kv)
