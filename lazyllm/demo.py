@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
+from lazyllm.cli import cli_main
 from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
-from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
+from lazyllm.models import DEFAULT_MODEL, load_model
 from lazyllm.schedule import Schedule
 from lazyllm.timing import paired_ratio, timed
 
@@ -78,25 +79,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3, help="paired timing rounds (default: %(default)s)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    args = parser.parse_args(argv)
-    if args.rounds < 1 or args.tokens < 16:
-        parser.error("--rounds must be >= 1 and --tokens >= 16")
+    return cli_main(parser, _demo, argv)
 
-    try:
-        model, tokenizer = load_model(args.model)
-        layers = model.config.num_hidden_layers
-        schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)
-        pruned = LazyLLM(model, schedule)
-        if args.prompt_file:
-            try:
-                text, answer = args.prompt_file.read_text(), None
-            except OSError as exc:
-                raise ValueError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror}") from None
-        else:
-            text, answer = needle_prompt(tokenizer, args.tokens)
-    except (ValueError, ModelLoadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.rounds < 1 or args.tokens < 16:
+        raise ValueError(
+            f"--rounds {args.rounds} / --tokens {args.tokens}: need rounds >= 1 and tokens >= 16"
+        )
+    model, tokenizer = load_model(args.model)
+    layers = model.config.num_hidden_layers
+    schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)
+    pruned = LazyLLM(model, schedule)
+    if args.prompt_file:
+        try:
+            text, answer = args.prompt_file.read_text(), None
+        except OSError as exc:
+            raise ValueError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror}") from None
+    else:
+        text, answer = needle_prompt(tokenizer, args.tokens)
 
     ids = encode(tokenizer, text, chat=not args.no_chat).to(pruned.device)
     n = ids.shape[1]

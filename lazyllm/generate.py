@@ -15,8 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from lazyllm.cli import cli_main
 from lazyllm.engine import GenerationResult, LazyLLM
-from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
+from lazyllm.models import DEFAULT_MODEL, load_model
 from lazyllm.schedule import Schedule
 
 
@@ -66,41 +67,39 @@ def _report(label: str, result: GenerationResult) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return cli_main(_parser(), _generate, argv)
+
+
+def _generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
-        print("error: --max-new-tokens must be >= 1", file=sys.stderr)
-        return 2
-    try:
-        if args.prompt_file is not None:
-            source = f"--prompt-file {args.prompt_file}"
-            try:
-                text = args.prompt_file.read_bytes().decode("utf-8-sig")
-            except OSError as exc:
-                raise ValueError(f"cannot read {source}: {exc.strerror}") from None
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{source} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-        else:
-            source, text = "--prompt", args.prompt
-        if not text.strip():
-            raise ValueError(f"{source} is empty or only whitespace; give the text to answer")
-        model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
-        layers = int(model.config.num_hidden_layers)
-        schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)
-        if args.revival:
-            schedule = schedule.with_revival(args.revival)
-        engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=not args.allow_other_model)
-        chat = not args.no_chat and bool(getattr(tokenizer, "chat_template", None))
-        kwargs = dict(max_new_tokens=args.max_new_tokens, chat=chat, stop_strings=args.stop)
-        if args.compare:
-            full = LazyLLM(
-                model, Schedule.keep_all(schedule.model, layers), tokenizer=tokenizer, strict_model_name=False
-            )
-            full.generate(text, **{**kwargs, "max_new_tokens": 1})  # warm-up
-            baseline = full.generate(text, **kwargs)
-        pruned = engine.generate(text, **kwargs)
-    except (ValueError, ModelLoadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    if args.prompt_file is not None:
+        source = f"--prompt-file {args.prompt_file}"
+        try:
+            text = args.prompt_file.read_bytes().decode("utf-8-sig")
+        except OSError as exc:
+            raise ValueError(f"cannot read {source}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{source} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    else:
+        source, text = "--prompt", args.prompt
+    if not text.strip():
+        raise ValueError(f"{source} is empty or only whitespace; give the text to answer")
+    model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    layers = int(model.config.num_hidden_layers)
+    schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)
+    if args.revival:
+        schedule = schedule.with_revival(args.revival)
+    engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=not args.allow_other_model)
+    chat = not args.no_chat and bool(getattr(tokenizer, "chat_template", None))
+    kwargs = dict(max_new_tokens=args.max_new_tokens, chat=chat, stop_strings=args.stop)
+    if args.compare:
+        full = LazyLLM(
+            model, Schedule.keep_all(schedule.model, layers), tokenizer=tokenizer, strict_model_name=False
+        )
+        full.generate(text, **{**kwargs, "max_new_tokens": 1})  # warm-up
+        baseline = full.generate(text, **kwargs)
+    pruned = engine.generate(text, **kwargs)
     _report("LazyLLM", pruned)
     if args.compare:
         _report("unpruned", baseline)

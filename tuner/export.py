@@ -26,8 +26,9 @@ from typing import Any
 
 import optuna
 
+from lazyllm.cli import cli_main
 from lazyllm.schedule import Schedule
-from tuner.redact import redact_url
+from tuner.redact import redact_text, redact_url
 from tuner.results import export_study
 from tuner.study import recommended_trial
 
@@ -127,42 +128,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--register", metavar="NAME", help="register the schedule as a version of MLflow model NAME"
     )
     p.add_argument("--alias", help="with --register: point this alias (e.g. champion) at the new version")
-    args = p.parse_args(argv)
-    try:
-        if args.alias and not args.register:
-            raise ValueError("--alias needs --register NAME")
-        if args.register:
-            from tuner.registry import check_name
+    return cli_main(p, _export, argv, redact=redact_text)
 
-            check_name(args.register, args.alias)
-        if args.mlflow_run:
-            return _from_run(args)
-        if not args.storage:
-            raise ValueError("--study-name needs --storage URL")
-        study = load_existing_study(args.study_name, args.storage)
-        budget = args.max_accuracy_loss
-        if budget is None:
-            budget = float(study.user_attrs.get("identity", {}).get("max_accuracy_loss", 0.0))
-        if args.register:  # check the MLflow store before writing anything
-            logged = str(study.user_attrs.get("mlflow_tracking_uri") or "")
-            uri = existing_tracking_uri(args.tracking_uri, logged if "***" not in logged else None)
-        out = args.out or Path("runs") / args.study_name
-        exported = export_study(study, out, budget)
-        print(
-            f"{len(exported['front'])} Pareto schedules in {out}/pareto/; recommended: {exported['recommended']}"
-        )
-        if args.register:
-            from tuner.registry import register_trial
 
-            best = recommended_trial(study, budget)
-            if best is None:
-                raise ValueError(f"no trial within the loss budget {budget}: nothing to register")
-            tags = {"storage": redact_url(args.storage), "max_accuracy_loss": budget}
-            version = register_trial(_client(uri), study, best, args.register, alias=args.alias, tags=tags)
-            _print_version(version, args.alias)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _export(args: argparse.Namespace) -> int:
+    if args.alias and not args.register:
+        raise ValueError("--alias needs --register NAME")
+    if args.register:
+        from tuner.registry import check_name
+
+        check_name(args.register, args.alias)
+    if args.mlflow_run:
+        return _from_run(args)
+    if not args.storage:
+        raise ValueError("--study-name needs --storage URL")
+    study = load_existing_study(args.study_name, args.storage)
+    budget = args.max_accuracy_loss
+    if budget is None:
+        budget = float(study.user_attrs.get("identity", {}).get("max_accuracy_loss", 0.0))
+    if args.register:  # check the MLflow store before writing anything
+        logged = str(study.user_attrs.get("mlflow_tracking_uri") or "")
+        uri = existing_tracking_uri(args.tracking_uri, logged if "***" not in logged else None)
+    out = args.out or Path("runs") / args.study_name
+    exported = export_study(study, out, budget)
+    print(
+        f"{len(exported['front'])} Pareto schedules in {out}/pareto/; recommended: {exported['recommended']}"
+    )
+    if args.register:
+        from tuner.registry import register_trial
+
+        best = recommended_trial(study, budget)
+        if best is None:
+            raise ValueError(f"no trial within the loss budget {budget}: nothing to register")
+        tags = {"storage": redact_url(args.storage), "max_accuracy_loss": budget}
+        version = register_trial(_client(uri), study, best, args.register, alias=args.alias, tags=tags)
+        _print_version(version, args.alias)
     return 0
 
 
