@@ -323,7 +323,9 @@ class Schedule:
 
         Not tuned for any model; ``tuner.search`` finds better ones per model and task.
         """
-        return cls.progressive(model, num_layers, start_layer=num_layers // 2, final_keep=0.3, stages=4)
+        start = num_layers // 2
+        stages = max(1, min(4, num_layers - 1 - start))  # shallow models have room for fewer stages
+        return cls.progressive(model, num_layers, start_layer=start, final_keep=0.3, stages=stages)
 
     # ----------------------------------------------------------------------------------------------
     # views
