@@ -72,6 +72,7 @@ def _argv(folder: Path, out: Path, uri: str, n: int) -> list[str]:
         "--model", str(folder), "--task", "hotpotqa,trec", "--n-examples", "1", "--max-prompt-tokens", "128",
         "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(out), "--study-name", "tracked",
         "--sampler", "random", "--n-trials", str(n), "--no-heldout", "--tracking-uri", uri,
+        "--accuracy", "score",  # the task-score metrics below exist only with --accuracy score
     ]  # fmt: skip
 
 
