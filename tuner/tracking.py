@@ -54,6 +54,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
 from lazyllm.schedule import Schedule
+from tuner.records import TrialRecord
 from tuner.redact import redact_text, redact_url
 from tuner.results import render_plots, trial_schedule
 from tuner.settings import SearchSettings
@@ -374,6 +375,9 @@ class Tracker:
             metrics["wall_time_s"] = (end - start) / 1000.0
         for dataset, score in (attrs.get("dataset_scores") or {}).items():
             metrics[f"score.{dataset}"] = float(score)
+        record = TrialRecord.from_trial(trial)  # the loss with its interval, fidelity metrics, speed evidence
+        if record is not None:
+            metrics.update(record.flat_metrics())
         self.client.log_batch(
             run_id,
             metrics=[Metric(k, v, end, 0) for k, v in metrics.items()],

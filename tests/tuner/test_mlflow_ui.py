@@ -29,11 +29,14 @@ from tuner.search import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 README_STUDY = "runs/smollm2-135m-qa-stages"
-README_METRICS = {
+README_METRICS = {  # the default study measures fidelity (README: kl and top1, the loss with its interval)
     "speedup",
     "accuracy_loss",
-    "score",
-    "baseline_score",
+    "accuracy_loss_low",
+    "accuracy_loss_high",
+    "accuracy_loss_upper",
+    "kl",
+    "top1",
     "flop_speedup",
     "prompt_computed_pct",
 }
