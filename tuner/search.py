@@ -67,9 +67,9 @@ _QUIET = _NoInterruptTracebacks()
 def _quiet_interrupts() -> None:
     root = logging.getLogger()
     if not root.handlers:  # what logging.lastResort does for libraries that log, plus the filter
-        handler = logging.StreamHandler()
-        handler.setLevel(logging.WARNING)
-        root.addHandler(handler)
+        fallback = logging.StreamHandler()
+        fallback.setLevel(logging.WARNING)
+        root.addHandler(fallback)
     for name in ("", "optuna", "mlflow"):
         for handler in logging.getLogger(name).handlers:
             handler.addFilter(_QUIET)  # one instance: adding it again is a no-op
