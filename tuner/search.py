@@ -61,16 +61,18 @@ class _NoInterruptTracebacks(logging.Filter):
         return not (kind is not None and issubclass(kind, KeyboardInterrupt))
 
 
+_QUIET = _NoInterruptTracebacks()
+
+
 def _quiet_interrupts() -> None:
     root = logging.getLogger()
     if not root.handlers:  # what logging.lastResort does for libraries that log, plus the filter
-        handler = logging.StreamHandler()
-        handler.setLevel(logging.WARNING)
-        root.addHandler(handler)
-    quiet = _NoInterruptTracebacks()
+        fallback = logging.StreamHandler()
+        fallback.setLevel(logging.WARNING)
+        root.addHandler(fallback)
     for name in ("", "optuna", "mlflow"):
-        for existing in logging.getLogger(name).handlers:
-            existing.addFilter(quiet)
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(_QUIET)  # one instance: adding it again is a no-op
 
 
 def main(argv: Sequence[str] | None = None) -> int:
