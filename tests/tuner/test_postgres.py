@@ -173,4 +173,5 @@ def test_unreachable_storage_is_a_clear_error(
 ) -> None:
     url = "postgresql+psycopg://nobody:x@127.0.0.1:1/none"
     assert main(_argv(tiny_folder, tmp_path, url, 1, "--tracking-uri", "none")) == 2
-    assert "cannot open Optuna storage" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot reach Optuna storage" in err and "nobody:***@127.0.0.1" in err and ":x@" not in err

@@ -31,8 +31,9 @@ def test_search_and_evaluate_share_the_evaluation_fields() -> None:
     assert (s.max_prompt_tokens, s.max_new_tokens) == (e.max_prompt_tokens, e.max_new_tokens) == (1024, 32)
     assert (s.split, e.split) == ("validation", "test")
     # the evaluation part of a search is what the baseline cache and the examples depend on
-    assert s.eval_only() == EvalSettings(n_examples=1)
-    assert s.with_split("test") == EvalSettings(n_examples=1, split="test")
+    assert s.eval_only() == EvalSettings(n_examples=s.n_examples)
+    assert s.with_split("test") == EvalSettings(n_examples=s.n_examples, split="test")
+    assert type(s.eval_only()) is EvalSettings  # the baseline cache keys on these fields only
 
 
 def test_one_preset_describes_the_same_examples_to_both(tmp_path: Path) -> None:
@@ -110,7 +111,11 @@ def test_preset_types_are_checked(tmp_path: Path) -> None:
         bad.write_text(text)
         with pytest.raises(ValueError, match=fragment):
             resolve_settings(str(bad), {})
-    assert resolve_settings(None, {"n_examples": None}).n_examples == 1  # None = not given
+    default = SearchSettings().n_examples
+    assert (
+        resolve_settings(None, {"n_examples": None, "n_trials": 3}).n_examples == default
+    )  # None = not given
+    assert resolve_settings(None, {"n_examples": 2}).n_examples == 2
 
 
 def test_flags_are_made_from_the_fields() -> None:
