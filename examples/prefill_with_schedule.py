@@ -13,5 +13,5 @@ text = " ".join(["The meeting was moved to Thursday because the hall was booked.
 ids = tokenizer(text + " The meeting was moved to", return_tensors="pt")["input_ids"]
 result = LazyLLM(model, schedule).prefill(ids)
 print(
-    f"next token {tokenizer.decode(result.next_token())!r}; {100 * result.computed_fraction:.1f}% of tokens computed"
+    f"next token {tokenizer.decode(result.next_token())!r}; {100 * result.prompt_computed_fraction:.1f}% of tokens computed"
 )

@@ -134,6 +134,6 @@ class PromptCompression:
             prompt_tokens=ids.shape[1],
             ttft_s=result.ttft_s + scoring,
             total_s=result.total_s + scoring,
-            prompt_usage_per_layer=[share] * len(result.prompt_usage_per_layer),
-            prompt_usage_per_step=[share] * len(result.prompt_usage_per_step),
+            prompt_computed_per_layer=[share] * len(result.prompt_computed_per_layer),
+            prompt_computed_per_step=[share] * len(result.prompt_computed_per_step),
         )

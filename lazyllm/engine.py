@@ -144,7 +144,7 @@ class PrefillResult:
         return [int(p.shape[0]) for p in self.computed_positions]
 
     @property
-    def computed_fraction(self) -> float:
+    def prompt_computed_fraction(self) -> float:
         """Share of (token, layer) pairs computed, relative to the unpruned prefill."""
         n = self.computed_positions[0].shape[0]
         return sum(self.active_counts) / (n * len(self.computed_positions))
@@ -164,8 +164,8 @@ class GenerationResult:
         ttft_s: seconds from the call to the first token (prefill + first argmax).
         total_s: seconds for the whole generation.
         finish_reason: "eos", "stop_string" or "length".
-        prompt_usage_per_layer: share of prompt tokens each layer computed by the end (paper Fig. 7).
-        prompt_usage_per_step: share of (prompt token, layer) pairs computed so far, after each step.
+        prompt_computed_per_layer: share of prompt tokens each layer computed by the end (paper Fig. 7).
+        prompt_computed_per_step: share of (prompt token, layer) pairs computed so far, after each step.
         aux_peak_entries / aux_peak_bytes: Aux Cache high-water mark.
         revival: the schedule's revival policy, as spelled in its JSON (``"dynamic"``, ``"frozen"``,
             ``"budget:B"``).
@@ -180,8 +180,8 @@ class GenerationResult:
     ttft_s: float
     total_s: float
     finish_reason: str
-    prompt_usage_per_layer: list[float]
-    prompt_usage_per_step: list[float]
+    prompt_computed_per_layer: list[float]
+    prompt_computed_per_step: list[float]
     aux_peak_entries: int
     aux_peak_bytes: int
     revival: str = "dynamic"
@@ -192,7 +192,7 @@ class GenerationResult:
     @property
     def prompt_computed_fraction(self) -> float:
         """Share of (prompt token, layer) pairs computed over the whole generation (paper Table 2)."""
-        return self.prompt_usage_per_step[-1]
+        return self.prompt_computed_per_step[-1]
 
     @property
     def decode_s(self) -> float:
@@ -663,8 +663,8 @@ class LazyLLM:
             ttft_s=ttft,
             total_s=total,
             finish_reason=finish,
-            prompt_usage_per_layer=per_layer,
-            prompt_usage_per_step=usage_steps,
+            prompt_computed_per_layer=per_layer,
+            prompt_computed_per_step=usage_steps,
             aux_peak_entries=state.aux_peak_entries,
             aux_peak_bytes=state.aux_peak_bytes,
             revival=str(gen.revival),

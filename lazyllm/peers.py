@@ -265,7 +265,7 @@ class GemFilter:
     ) -> GenerationResult:
         """Filter the prompt, then generate unpruned from the kept tokens; arguments as :meth:`LazyLLM.generate`.
 
-        TTFT and total time include the filter pass; ``prompt_usage_*`` count the (prompt token, layer)
+        TTFT and total time include the filter pass; ``prompt_computed_per_*`` count the (prompt token, layer)
         pairs of both passes relative to one unpruned prefill (above 1 when little is dropped).
         """
         t0 = time.perf_counter()
@@ -284,8 +284,8 @@ class GemFilter:
             prompt_tokens=n,
             ttft_s=result.ttft_s + filtering,
             total_s=result.total_s + filtering,
-            prompt_usage_per_layer=per_layer,
-            prompt_usage_per_step=[share] * len(result.prompt_usage_per_step),
+            prompt_computed_per_layer=per_layer,
+            prompt_computed_per_step=[share] * len(result.prompt_computed_per_step),
         )
 
 

@@ -36,7 +36,7 @@ def test_static_pruning_prunes_once_and_never_revives(model_pair: Callable[[str]
     for layer in range(2, 5):
         assert torch.equal(done[layer], kept)
     assert int(counts.max()) == 1
-    assert result.prompt_usage_per_step[0] == result.prompt_usage_per_step[-1]
+    assert result.prompt_computed_per_step[0] == result.prompt_computed_per_step[-1]
     assert result.revived_pairs == 0 and result.aux_peak_entries == 0
     # the decision used the mean attention of layers 0 and 1, not layer 1 alone
     lazy = LazyLLM(model, engine.schedule).prefill(ids, return_scores=True)

@@ -92,9 +92,9 @@ def test_tokens_come_back_from_the_aux_cache(model_pair: Callable[[str], tuple[A
     assert int((counts[2, :40] > 0).sum()) > prefill_counts[2]
     assert result.aux_peak_entries > 0 and result.revived_pairs > 0
     assert int(counts.max()) == 1
-    usage = result.prompt_usage_per_step
+    usage = result.prompt_computed_per_step
     assert usage == sorted(usage) and 0 < usage[0] < 1
-    assert result.prompt_usage_per_step[-1] == pytest.approx(float((counts[:, :40] > 0).float().mean()))
+    assert result.prompt_computed_per_step[-1] == pytest.approx(float((counts[:, :40] > 0).float().mean()))
     ref_tokens, *_ = reference_generate(eager, ids[0].tolist(), list(schedule.percentiles), 8)
     assert result.token_ids == ref_tokens
 
@@ -114,7 +114,7 @@ def test_frozen_decoding_attends_the_prefill_survivors(model_pair: Callable[[str
             assert step.computed[layer].tolist() == [39 + k]  # only the new token
         assert step.scores == {}  # nothing ranked: no scoring work in a frozen step
     assert result.aux_peak_entries == 0 and result.revived_pairs == 0
-    assert result.prompt_usage_per_step == [result.prompt_usage_per_step[0]] * 5
+    assert result.prompt_computed_per_step == [result.prompt_computed_per_step[0]] * 5
 
 
 def test_budget_bounds_revivals_and_is_dynamic_when_large(

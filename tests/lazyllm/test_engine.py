@@ -41,7 +41,7 @@ def test_keep_all_equals_transformers(
     assert result.logits.shape == expected.shape
     torch.testing.assert_close(result.logits, expected, atol=1e-4, rtol=0)
     assert result.active_counts == [40] * model.config.num_hidden_layers
-    assert result.computed_fraction == 1.0
+    assert result.prompt_computed_fraction == 1.0
 
 
 @pytest.mark.parametrize("arch", ARCHS)

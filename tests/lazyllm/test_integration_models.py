@@ -89,5 +89,5 @@ def test_smollm2_pruned_generation_computes_each_pair_once(smollm2: tuple[Any, A
     assert result.trace is not None
     assert int(result.trace.computed_counts(415).max()) == 1
     assert 0.7 < result.prompt_computed_fraction < 1.0
-    assert result.prompt_usage_per_layer[:15] == [1.0] * 15
-    assert result.prompt_usage_per_step == sorted(result.prompt_usage_per_step)
+    assert result.prompt_computed_per_layer[:15] == [1.0] * 15
+    assert result.prompt_computed_per_step == sorted(result.prompt_computed_per_step)

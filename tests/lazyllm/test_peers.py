@@ -97,7 +97,7 @@ def test_gemfilter_counts_and_timing(model_pair: ModelPair) -> None:
     assert gem.select(ids).kept.shape[0] == 9 and int(gem.select(ids).kept[-1]) == 29
     result = gem.generate(ids, max_new_tokens=3, eos_token_id=[])
     # filter pass: 30 tokens in layers 0-1, the last one after; second pass: 9 tokens everywhere
-    assert result.prompt_usage_per_layer == pytest.approx([39 / 30] * 2 + [10 / 30] * (layers - 2))
+    assert result.prompt_computed_per_layer == pytest.approx([39 / 30] * 2 + [10 / 30] * (layers - 2))
     assert result.prompt_tokens == 30 and result.ttft_s > 0 and result.total_s >= result.ttft_s
 
 
@@ -110,8 +110,8 @@ def test_tsp_propagates_the_budget_and_never_revives(model_pair: ModelPair) -> N
     result = tsp.generate(ids, max_new_tokens=6, eos_token_id=[])
     # layers 0-1 computed every prompt token, later layers the 10 propagated ones, and no decoding
     # step brought another prompt token back
-    assert result.prompt_usage_per_layer == pytest.approx([1.0, 1.0] + [0.25] * (layers - 2))
-    assert len(set(result.prompt_usage_per_step)) == 1
+    assert result.prompt_computed_per_layer == pytest.approx([1.0, 1.0] + [0.25] * (layers - 2))
+    assert len(set(result.prompt_computed_per_step)) == 1
 
 
 def test_knob_defaults_follow_the_papers_scaled_to_depth() -> None:
@@ -201,4 +201,4 @@ def test_peers_exact_on_smollm2(smollm2: tuple[Any, Any]) -> None:
     gem = make_method("gemfilter", model, tokenizer)  # paper defaults: r = 12 of 30, 20% kept
     assert isinstance(gem, GemFilter) and gem.r == 12
     out = gem.generate(text, chat=True, max_new_tokens=6)
-    assert out.prompt_usage_per_layer[0] > 1.0 > out.prompt_usage_per_layer[-1]
+    assert out.prompt_computed_per_layer[0] > 1.0 > out.prompt_computed_per_layer[-1]
