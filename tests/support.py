@@ -4,7 +4,10 @@ transformers' own greedy decoding, and the LongBench folder. Fixtures built on t
 from __future__ import annotations
 
 import os
+import time
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -102,3 +105,18 @@ def assert_evaluated_once(trials: list[Any]) -> None:
         else:
             assert "duplicate_of" not in t.user_attrs, t.number
             seen[key] = t.number
+
+
+def wait_for_http(url: str, proc: Any, log: Path, *, what: str, timeout: float = 120) -> None:
+    """Poll ``url`` until it answers 200; fail with the server's log if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start: {log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.5)

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import longbench_dir
+from tests.support import longbench_dir, wait_for_http
 from tuner.search import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -104,17 +103,7 @@ def test_readme_ui_shows_what_it_promises(tiny_folder: Path, tmp_path: Path) -> 
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow ui did not start: {(tmp_path / 'ui.log').read_text()[-3000:]}")
-            time.sleep(0.5)
+        wait_for_http(base + "/health", proc, tmp_path / "ui.log", what="mlflow ui", timeout=90)
 
         experiment = _get(base, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="lazyllm-tuner")
         exp_id = experiment["experiment"]["experiment_id"]

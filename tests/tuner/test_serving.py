@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
+from tests.support import wait_for_http
 from tuner.registry import register_schedule
 
 PROMPT = "Question: What is the capital of France? Answer in one word."
@@ -88,19 +88,7 @@ def test_registered_schedule_serves_lazyllm_text(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/ping", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"mlflow models serve did not start: {(tmp_path / 'serve.log').read_text()[-3000:]}"
-                )
-            time.sleep(0.5)
+        wait_for_http(base + "/ping", proc, tmp_path / "serve.log", what="mlflow models serve", timeout=120)
         answer = _post(base + "/invocations", {"inputs": [PROMPT], "params": {"max_new_tokens": MAX_NEW}})
         assert answer == {"predictions": [expected.text]}
     finally:

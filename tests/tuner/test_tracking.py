@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from lazyllm.schedule import Schedule
-from tests.support import assert_evaluated_once, longbench_dir
+from tests.support import assert_evaluated_once, longbench_dir, wait_for_http
 from tuner import export as export_cli
 from tuner.search import main
 from tuner.settings import SearchSettings
@@ -45,19 +44,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(uri + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.5)
+        wait_for_http(uri + "/health", proc, root / "server.log", what="mlflow server", timeout=120)
         yield uri
     finally:
         proc.terminate()
