@@ -187,4 +187,6 @@ def write_confirmation(study: optuna.Study, result: Confirmation, out_dir: Path)
         "budget": result.budget,
         "n_examples": result.n_examples,
     }
-    return Schedule(model=base.model, percentiles=base.percentiles, metadata=meta).save(path)
+    return Schedule(model=base.model, percentiles=base.percentiles, metadata=meta, revival=base.revival).save(
+        path
+    )

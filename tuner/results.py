@@ -61,7 +61,12 @@ def provenance(study: optuna.Study, trial: FrozenTrial, split: str = "validation
 def trial_schedule(study: optuna.Study, trial: FrozenTrial) -> Schedule:
     model = study.user_attrs.get("identity", {}).get("model", "unknown")
     base = schedule_of(trial, model)
-    return Schedule(model=base.model, percentiles=base.percentiles, metadata=provenance(study, trial))
+    return Schedule(
+        model=base.model,
+        percentiles=base.percentiles,
+        metadata=provenance(study, trial),
+        revival=base.revival,
+    )
 
 
 def _html(title: str, png: Path, table_rows: list[dict[str, Any]], note: str = "") -> str:

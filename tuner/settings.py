@@ -28,11 +28,12 @@ import yaml
 
 from lazyllm.methods import check_method, needs_schedule, parse_method_options
 from lazyllm.models import DEFAULT_MODEL
+from lazyllm.schedule import Revival
 from tuner.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task
 from tuner.samplers import check_sampler, sampler_names
 
 STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
-SPEEDUP_MODES = ("measured", "flops")
+SPEEDUP_MODES = ("measured", "total", "flops")
 ACCURACY_MODES = ("fidelity", "score")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
@@ -161,7 +162,19 @@ class SearchSettings(EvalSettings):
     )
     output: str = field(default="runs", metadata=_help("results root"))
     speedup: str = field(
-        default="measured", metadata=_help("measured TTFT or FLOP model", choices=SPEEDUP_MODES)
+        default="measured",
+        metadata=_help(
+            "objective: measured TTFT, measured whole-generation time (total), or the FLOP model",
+            choices=SPEEDUP_MODES,
+        ),
+    )
+    new_tokens: int | None = field(
+        default=None,
+        metadata=_help("answer length timed for the total speedup (default: the timed example's own)"),
+    )
+    revival: str = field(
+        default="frozen",
+        metadata=_help("decoding revival policy of every trial's schedule: frozen, dynamic or budget:N"),
     )
     heldout: bool = field(default=True, metadata=_help("check the recommendation on the test split"))
     tracking_uri: str | None = field(
@@ -195,6 +208,9 @@ class SearchSettings(EvalSettings):
             raise ValueError(f"confidence = {self.confidence}: must be in [0.5, 1), e.g. 0.9")
         if self.confirm_k < 0:
             raise ValueError(f"confirm_k = {self.confirm_k}: must be >= 0 (0 = no confirmation)")
+        if self.new_tokens is not None and self.new_tokens < 1:
+            raise ValueError(f"new_tokens = {self.new_tokens}: must be >= 1 (or null for the answer length)")
+        Revival.parse(self.revival)  # dynamic, frozen or budget:N; anything else is one line
         if self.timing_rounds < 1:
             raise ValueError(f"timing_rounds = {self.timing_rounds}: must be >= 1")
         if self.fidelity_top_k < 1:
@@ -235,7 +251,7 @@ class SearchSettings(EvalSettings):
     def study_identity(self) -> dict[str, Any]:
         """The settings a resumed study must share with the one that created it."""
         keys = ("model", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
-                "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl",
+                "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival",
                 "confidence", "fidelity_top_k", "fidelity_gold")  # fmt: skip
         return {k: getattr(self, k) for k in keys}
 

@@ -154,6 +154,16 @@ def measure_speedup(
     )
 
 
+def generation_timer(engine: Any, input_ids: Any, new_tokens: int) -> Timer:
+    """A timer of one whole generation of exactly ``new_tokens`` tokens (EOS ignored, so both sides do
+    the same work): the end-to-end time a user waits for an answer of that length."""
+
+    def run() -> float:
+        return float(engine.generate(input_ids, max_new_tokens=new_tokens, eos_token_id=[]).total_s)
+
+    return run
+
+
 def prefill_timer(engine: Any, input_ids: Any) -> Timer:
     """A timer of one TTFT (prefill + first token) of ``engine`` on ``input_ids``."""
 

@@ -37,7 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 import lazyllm
 from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
-from lazyllm.schedule import Schedule
+from lazyllm.schedule import Revival, Schedule
 from tuner.evaluation import Evaluator, ExampleResult, loss_estimate, summarize
 from tuner.fidelity import ExampleDrift, FidelityEvaluator
 from tuner.records import RECORD_ATTR, TrialRecord
@@ -45,12 +45,14 @@ from tuner.redact import redact_text
 from tuner.samplers import make_sampler
 from tuner.settings import SearchSettings
 from tuner.spaces import SearchSpace
-from tuner.speed import SpeedMeasurement, measure_speedup, prefill_timer
+from tuner.speed import SpeedMeasurement, generation_timer, measure_speedup, prefill_timer
 from tuner.stats import Estimate, estimate, macro_weights
 from tuner.stores import create_sqlite_atomically, sqlite_path
 from tuner.workers import SurplusTrial, is_surplus
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+TOTAL_SIDE_ROUNDS = 2
+"""Timing rounds of the speedup that is recorded but is not the objective (TTFT or total)."""
 
 
 def optimistic_loss(
@@ -193,11 +195,28 @@ class StudyRunner:
 
         ids = torch.tensor(self.timing_example.input_ids)
         flops = flop_speedup(schedule, self.dims, len(self.timing_example.input_ids))
+        rounds = self.settings.timing_rounds if self.settings.speedup == "measured" else TOTAL_SIDE_ROUNDS
         return measure_speedup(
-            prefill_timer(self.baseline_engine, ids),
-            prefill_timer(engine, ids),
+            prefill_timer(self.baseline_engine, ids), prefill_timer(engine, ids), flops, rounds=rounds
+        )
+
+    def measure_total(self, engine: LazyLLM, schedule: Schedule) -> SpeedMeasurement:
+        """Robust whole-generation speedup (prefill + ``new_tokens`` decoding steps) on the timing example.
+
+        The FLOP model describes the prefill only, so the plausibility check is left wide open here.
+        """
+        import torch
+
+        ids = torch.tensor(self.timing_example.input_ids)
+        new = self.settings.new_tokens or self.timing_example.max_new_tokens
+        flops = flop_speedup(schedule, self.dims, len(self.timing_example.input_ids))
+        rounds = self.settings.timing_rounds if self.settings.speedup == "total" else TOTAL_SIDE_ROUNDS
+        return measure_speedup(
+            generation_timer(self.baseline_engine, ids, new),
+            generation_timer(engine, ids, new),
             flops,
-            rounds=self.settings.timing_rounds,
+            rounds=rounds,
+            plausible=(1e-3, 1e3),
         )
 
     def score_loss(self, engine: LazyLLM, desc: str) -> LossResult:
@@ -255,8 +274,10 @@ class StudyRunner:
             raise SurplusTrial(f"trial {trial.number}: the study already has {self.settings.n_trials} trials")
         start = time.perf_counter()
         schedule = self.space.suggest(trial, self.settings.model, self.num_layers)
+        schedule = schedule.with_revival(self.settings.revival)  # the study's decoding policy (identity)
         flops = flop_speedup(schedule, self.dims, self.prompt_tokens)
         trial.set_user_attr("percentiles", list(schedule.percentiles))
+        trial.set_user_attr("revival", str(schedule.revival))
         trial.set_user_attr("flop_speedup", flops)
         earlier = self._same_schedule(trial.study, schedule)
         if earlier is not None:  # evaluated already: reuse, do not spend minutes on it again
@@ -275,7 +296,10 @@ class StudyRunner:
             trial.set_user_attr("wall_time_s", time.perf_counter() - start)
             trial.set_user_attr("stopped_early", out.reason)
             raise optuna.TrialPruned(out.reason)
-        speed = self.measure_speed(engine, schedule) if self.settings.speedup == "measured" else None
+        # both speedups are recorded whenever timing is on; the objective is the one --speedup names
+        ttft = self.measure_speed(engine, schedule) if self.settings.speedup != "flops" else None
+        total = self.measure_total(engine, schedule) if self.settings.speedup != "flops" else None
+        speed = total if self.settings.speedup == "total" else ttft
         wall = time.perf_counter() - start
         computed = (
             100.0 * sum(schedule.keep_counts(self.prompt_tokens)) / (self.prompt_tokens * self.num_layers)
@@ -317,8 +341,9 @@ class StudyRunner:
         for key in ("score", "baseline_score", "total_speedup", "top1", "gold_delta"):
             if key in metrics:
                 trial.set_user_attr(key, metrics[key])
-        if speed is not None:
-            trial.set_user_attr("measured_ttft_speedup", speed.speedup)
+        if ttft is not None and total is not None:
+            trial.set_user_attr("measured_ttft_speedup", ttft.speedup)
+            trial.set_user_attr("measured_total_speedup", total.speedup)
         # read by the samplers: feasible when the one-sided upper bound is within budget
         trial.set_constraint("accuracy_loss", est.upper - self.budget)
         return record.speedup, est.value
@@ -425,7 +450,8 @@ def finished_trials(study: optuna.Study) -> int:
 
 def schedule_of(trial: FrozenTrial, model: str) -> Schedule:
     """The schedule a finished trial evaluated (from its user attrs)."""
-    return Schedule(model=model, percentiles=tuple(trial.user_attrs["percentiles"]))
+    revival = Revival.parse(str(trial.user_attrs.get("revival", "dynamic")))  # studies before v2: dynamic
+    return Schedule(model=model, percentiles=tuple(trial.user_attrs["percentiles"]), revival=revival)
 
 
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:

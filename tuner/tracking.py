@@ -53,12 +53,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
-from lazyllm.schedule import Schedule
 from tuner.records import TrialRecord
 from tuner.redact import redact_text, redact_url
 from tuner.results import render_plots, trial_schedule
 from tuner.settings import SearchSettings
-from tuner.study import recommended_trial
+from tuner.study import recommended_trial, schedule_of
 
 EXPERIMENT = "lazyllm-tuner"
 _PARENT_ATTR = "mlflow_parent_run_id"
@@ -368,7 +367,7 @@ class Tracker:
         if trial.values:
             metrics["speedup"], metrics["accuracy_loss"] = float(trial.values[0]), float(trial.values[1])
         for key in ("score", "baseline_score", "flop_speedup", "measured_ttft_speedup", "total_speedup",
-                    "prompt_computed_pct", "wall_time_s", "examples_run"):  # fmt: skip
+                    "prompt_computed_pct", "wall_time_s", "examples_run", "measured_total_speedup"):  # fmt: skip
             if attrs.get(key) is not None:
                 metrics[key] = float(attrs[key])
         if duplicate_of is not None:  # the copied wall time is the original's: log this trial's own
@@ -388,7 +387,7 @@ class Tracker:
             schedule = (
                 trial_schedule(self.study, trial)  # with provenance
                 if trial.values
-                else Schedule(self.settings.model, tuple(attrs["percentiles"]))
+                else schedule_of(trial, self.settings.model)
             )
             with tempfile.TemporaryDirectory() as tmp:
                 self.client.log_artifact(run_id, str(schedule.save(Path(tmp) / "schedule.json")))

@@ -166,3 +166,21 @@ def test_a_schedule_already_evaluated_is_not_run_again(tiny_folder: Path, tmp_pa
     assert trials[2].user_attrs["duplicate_of"] == 0
     assert trials[2].values == trials[0].values and "examples_run" in trials[2].user_attrs
     assert "duplicate_of" not in trials[1].user_attrs
+
+
+def test_total_speedup_objective_and_the_study_revival_policy(tiny_folder: Path, tmp_path: Path) -> None:
+    """--speedup total optimises the whole-generation speedup; both speedups are recorded either way, and
+    every trial's schedule carries the study's revival policy into the exported JSON."""
+    argv = _argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--tracking-uri", "none",
+                 "--speedup", "total", "--new-tokens", "3", "--timing-rounds", "1")  # fmt: skip
+    assert main(argv) == 0
+    storage = f"sqlite:///{tmp_path / 's' / 'study.db'}"
+    trials = [t for t in optuna.load_study(study_name="s", storage=storage).get_trials() if t.values]
+    assert trials
+    for t in trials:
+        assert t.values[0] == t.user_attrs["measured_total_speedup"]  # the objective is the total speedup
+        assert t.user_attrs["measured_ttft_speedup"] > 0 and t.user_attrs["revival"] == "frozen"
+    exported = sorted((tmp_path / "s" / "pareto").glob("*.json"))
+    assert exported and all(str(Schedule.load(p).revival) == "frozen" for p in exported)
+    with pytest.raises(ValueError, match="revival policy = 'sometimes'"):
+        SearchSettings(revival="sometimes")
