@@ -95,16 +95,22 @@ def longbench_dir() -> str:
 
 
 def assert_evaluated_once(trials: list[Any]) -> None:
-    """No schedule was evaluated twice: finished trials with the same percentiles are marked as
-    duplicates of an earlier one (they reuse its result) rather than run again."""
-    seen: dict[tuple[float, ...], int] = {}
+    """No schedule was evaluated twice when it could have been reused: a finished trial whose
+    percentiles an earlier one already had is marked ``duplicate_of`` a trial with the same schedule,
+    unless it started before that trial finished (workers racing on the same schedule cannot know)."""
+    first: dict[tuple[float, ...], Any] = {}
+    by_number = {t.number: t for t in trials}
     for t in sorted(trials, key=lambda t: t.number):
         key = tuple(t.user_attrs["percentiles"])
-        if key in seen:
-            assert t.user_attrs.get("duplicate_of") == seen[key], (t.number, key)
-        else:
+        if key not in first:
             assert "duplicate_of" not in t.user_attrs, t.number
-            seen[key] = t.number
+            first[key] = t
+            continue
+        original = t.user_attrs.get("duplicate_of")
+        if original is not None:
+            assert tuple(by_number[original].user_attrs["percentiles"]) == key, (t.number, original)
+        else:
+            assert t.datetime_start < first[key].datetime_complete, (t.number, key)
 
 
 def wait_for_http(url: str, proc: Any, log: Path, *, what: str, timeout: float = 120) -> None:
