@@ -4,6 +4,8 @@ transformers' own greedy decoding, and the LongBench folder. Fixtures built on t
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -126,3 +128,14 @@ def wait_for_http(url: str, proc: Any, log: Path, *, what: str, timeout: float =
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not start: {log.read_text(errors='replace')[-3000:]}")
         time.sleep(0.5)
+
+
+def stop_process_group(proc: Any) -> None:
+    """Stop a server started with ``start_new_session=True`` and every worker it forked."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)

@@ -454,9 +454,8 @@ def schedule_of(trial: FrozenTrial, model: str) -> Schedule:
     return Schedule(model=model, percentiles=tuple(trial.user_attrs["percentiles"]), revival=revival)
 
 
-def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Non-dominated complete trials (speedup up, loss down), sorted by speedup descending."""
-    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
+def _non_dominated(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials no other trial beats on both objectives (speedup up, loss down), fastest first."""
     front = [
         t
         for t in trials
@@ -466,6 +465,12 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
         )
     ]
     return sorted(front, key=lambda t: (-t.values[0], t.values[1], t.number))
+
+
+def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Non-dominated complete trials (speedup up, loss down), sorted by speedup descending."""
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
+    return _non_dominated(trials)
 
 
 def feasible(trial: FrozenTrial, max_accuracy_loss: float) -> bool:
@@ -483,15 +488,7 @@ def feasible_front(study: optuna.Study, max_accuracy_loss: float) -> list[Frozen
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.values and feasible(t, max_accuracy_loss) and "duplicate_of" not in t.user_attrs
     ]
-    front = [
-        t
-        for t in ok
-        if not any(
-            o.values[0] >= t.values[0] and o.values[1] <= t.values[1] and tuple(o.values) != tuple(t.values)
-            for o in ok
-        )
-    ]
-    return sorted(front, key=lambda t: (-t.values[0], t.values[1], t.number))
+    return _non_dominated(ok)
 
 
 def recommended_trial(study: optuna.Study, max_accuracy_loss: float) -> FrozenTrial | None:

@@ -10,9 +10,7 @@ the parent's and the trials' artifacts, and the runs-table URL serving the UI.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import longbench_dir, wait_for_http
+from tests.support import longbench_dir, stop_process_group, wait_for_http
 from tuner.search import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -136,13 +134,7 @@ def test_readme_ui_shows_what_it_promises(tiny_folder: Path, tmp_path: Path) -> 
         with urllib.request.urlopen(url.split("#", 1)[0], timeout=30) as resp:
             assert resp.status == 200 and b"<html" in resp.read(2000).lower()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_process_group(proc)
         log.close()
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
-from tests.support import wait_for_http
+from tests.support import stop_process_group, wait_for_http
 from tuner.registry import register_schedule
 
 PROMPT = "Question: What is the capital of France? Answer in one word."
@@ -33,17 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server and every worker it started (its own process group)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 def _post(url: str, body: dict[str, Any]) -> Any:
@@ -92,6 +80,6 @@ def test_registered_schedule_serves_lazyllm_text(
         answer = _post(base + "/invocations", {"inputs": [PROMPT], "params": {"max_new_tokens": MAX_NEW}})
         assert answer == {"predictions": [expected.text]}
     finally:
-        _stop(proc)
+        stop_process_group(proc)
         log.close()
     assert proc.poll() is not None
