@@ -36,6 +36,7 @@ from tuner.study import (
     BaselineStats,
     StudyRunner,
     finished_trials,
+    make_storage,
     open_study,
     pareto_trials,
     study_lock,
@@ -115,6 +116,12 @@ class Session:
     evaluator: Evaluator
     runner: StudyRunner
     tracking_uri: str
+    storage: optuna.storages.RDBStorage
+
+    def close(self) -> None:
+        """Return the storage's database connections now, not at garbage collection: a PostgreSQL
+        server shared by many workers has a fixed number of connection slots."""
+        self.storage.engine.dispose()
 
     def callbacks(self) -> list[Any]:
         return [
@@ -133,16 +140,25 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
     model, tokenizer = load_model(settings.model, device=device, trust_remote_code=settings.trust_remote_code)
     layers = int(model.config.num_hidden_layers)
     evaluator = Evaluator(model, tokenizer, settings, settings.study_dir / "cache", progress=progress)
-    with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
-        study = open_study(settings, layers)  # fails fast on an unreachable storage or a mismatched study
-        tracker = None
-        if wanted(settings):
-            prepare_mlflow_store(tracking_uri)  # a new SQLite store is made atomically (Ctrl-C safe)
-            tracker = Tracker(tracking_uri, settings, study)
-        warm_start(study, space, layers)
-    baseline = BaselineStats.of(evaluator.baseline_results())  # computed once, then read from the cache
+    storage: optuna.storages.RDBStorage | None = None
+    try:
+        with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
+            storage = make_storage(
+                settings.storage_url, settings.heartbeat_interval, settings.heartbeat_grace
+            )
+            study = open_study(settings, layers, storage)  # fails fast on a mismatched study
+            tracker = None
+            if wanted(settings):
+                prepare_mlflow_store(tracking_uri)  # a new SQLite store is made atomically (Ctrl-C safe)
+                tracker = Tracker(tracking_uri, settings, study)
+            warm_start(study, space, layers)
+        baseline = BaselineStats.of(evaluator.baseline_results())  # computed once, then read from the cache
+    except BaseException:
+        if storage is not None:
+            storage.engine.dispose()
+        raise
     runner = StudyRunner(settings, model, tokenizer, evaluator, space, baseline)
-    return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri)
+    return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri, storage)
 
 
 def run_worker(settings: SearchSettings, worker_id: int) -> str:
@@ -150,7 +166,11 @@ def run_worker(settings: SearchSettings, worker_id: int) -> str:
     import torch
 
     torch.set_num_threads(worker_threads(settings.n_workers))
-    return open_session(settings, device=worker_device(worker_id), progress=False).run_trials()
+    session = open_session(settings, device=worker_device(worker_id), progress=False)
+    try:
+        return session.run_trials()
+    finally:
+        session.close()
 
 
 def _run_local_workers(settings: SearchSettings) -> None:
@@ -170,6 +190,13 @@ def run_study(settings: SearchSettings) -> int:
     preflight(settings)
     check_output(settings)
     session = open_session(settings)
+    try:
+        return _run_session(settings, session)
+    finally:
+        session.close()
+
+
+def _run_session(settings: SearchSettings, session: Session) -> int:
     study, tracker, evaluator = session.study, session.tracker, session.evaluator
     print(
         f"study {settings.name}: {len(evaluator.examples)} validation examples of {settings.task}, "
@@ -185,7 +212,6 @@ def run_study(settings: SearchSettings) -> int:
         print(f"  trial {row['trial']:>3}: speedup {row['speedup']:.2f}x, accuracy loss {row['accuracy_loss']:.4g}, "
               f"FLOP model {row['flop_speedup']:.2f}x, {row['prompt_computed_pct']:.1f}% computed")  # fmt: skip
     recommended = Schedule.load(exported["recommended"]) if exported["recommended"] else None
-    # --- issue 12: confirmation stage (tuner.confirm) ---
     if settings.confirm_k > 0:
         confirmation = confirm(study, session.runner, settings.confirm_k)
         rec_path = write_confirmation(study, confirmation, settings.study_dir)
@@ -194,7 +220,6 @@ def run_study(settings: SearchSettings) -> int:
         print("\nConfirmation (task score on every validation example):")
         for c in confirmation.candidates:
             print(f"  trial {c.trial:>3}: {c.status}: {c.reason}")
-    # --- end issue 12 ---
     if settings.heldout:
         report = heldout_check(session.runner, recommended)
         (settings.study_dir / "heldout.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -203,7 +228,7 @@ def run_study(settings: SearchSettings) -> int:
             print(f"  {r['schedule']}: validation {r['validation_speedup']:.2f}x / loss {r['validation_loss']:.2f} "
                   f"(n={r['n_validation']}); test {r['test_speedup']:.2f}x / loss {r['test_loss']:.2f} "
                   f"{r['test_loss_interval']} (score {r['test_score']:.2f} vs {r['test_baseline_score']:.2f}, n={r['n_test']})")  # fmt: skip
-        for line in report["verdicts"]:  # issue 12: says when two schedules cannot be told apart
+        for line in report["verdicts"]:  # says when two schedules cannot be told apart
             print(f"  {line}")
     if tracker is not None:
         status = tracker.end_study()  # results as artifacts, counts, FINISHED (or KILLED on timeout)

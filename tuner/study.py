@@ -385,7 +385,7 @@ def _create_sqlite(url: str) -> None:
 
 def make_storage(
     url: str, heartbeat_interval: int | None = None, grace: int | None = None
-) -> optuna.storages.BaseStorage:
+) -> optuna.storages.RDBStorage:
     """An RDB storage for ``url``; SQLite waits up to 60 s for a lock instead of failing at once, so
     a few local workers can share one file (use PostgreSQL for many workers or machines).
 
@@ -408,11 +408,13 @@ def make_storage(
     raise AssertionError("unreachable")
 
 
-def open_study(settings: SearchSettings, num_layers: int) -> optuna.Study:
+def open_study(
+    settings: SearchSettings, num_layers: int, storage: optuna.storages.BaseStorage
+) -> optuna.Study:
     """Create or load the study; a study made with other settings is an error, not silently mixed."""
     study = optuna.create_study(
         study_name=settings.name,
-        storage=make_storage(settings.storage_url, settings.heartbeat_interval, settings.heartbeat_grace),
+        storage=storage,
         directions=["maximize", "minimize"],
         sampler=make_sampler(settings.sampler, settings.seed, settings.n_trials),
         load_if_exists=True,

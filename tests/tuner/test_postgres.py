@@ -12,13 +12,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
 import pytest
 from mlflow.tracking import MlflowClient
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tests.support import assert_evaluated_once, longbench_dir
 from tuner.search import main
@@ -64,7 +65,23 @@ def _fast_heartbeat(tmp_path: Path) -> str:
     return str(preset)
 
 
-def _states(storage: str) -> dict[TrialState, int]:
+@contextmanager
+def _storage(url: str) -> Iterator[optuna.storages.RDBStorage]:
+    """One storage whose connections go back to the server when done: polling with a new storage
+    each time leaks pooled connections until garbage collection and can exhaust the server's slots."""
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        yield storage
+    finally:
+        storage.engine.dispose()
+
+
+def _trials(url: str) -> list[FrozenTrial]:
+    with _storage(url) as storage:
+        return optuna.load_study(study_name="pg", storage=storage).get_trials()
+
+
+def _states(storage: optuna.storages.RDBStorage) -> dict[TrialState, int]:
     study = optuna.load_study(study_name="pg", storage=storage)
     out = dict.fromkeys(TrialState, 0)
     for t in study.get_trials():
@@ -83,6 +100,17 @@ def _heartbeats(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _other_connections(url: str) -> int:
+    """Connections to this test's database other than the one asking."""
+    import psycopg
+
+    with psycopg.connect(_plain(url), connect_timeout=3) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tuner.search", *argv],
@@ -92,25 +120,27 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait_for(storage: str, pred: object, timeout: float = 180) -> None:
+def _wait_for(url: str, pred: Callable[[dict[TrialState, int]], bool], timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if pred(_states(storage)):  # type: ignore[operator]
-                return
-        except KeyError:  # the study does not exist yet
-            pass
-        time.sleep(0.05)
+    with _storage(url) as storage:
+        while time.monotonic() < deadline:
+            try:
+                if pred(_states(storage)):
+                    return
+            except KeyError:  # the study does not exist yet
+                pass
+            time.sleep(0.1)
     raise AssertionError("timed out waiting for the study")
 
 
 def test_three_workers_two_trials_each(tiny_folder: Path, tmp_path: Path, pg_url: str) -> None:
     assert main(_argv(tiny_folder, tmp_path, pg_url, 6, "--n-workers", "3")) == 0
-    study = optuna.load_study(study_name="pg", storage=pg_url)
-    finished = [t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert _other_connections(pg_url) == 0  # the search and its workers gave their connections back
+    trials = _trials(pg_url)
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 6 and all(t.state == TrialState.COMPLETE for t in finished)
     assert_evaluated_once(finished)
-    others = [t for t in study.get_trials() if t not in finished]
+    others = [t for t in trials if t not in finished]
     assert all(t.state == TrialState.FAIL and t.user_attrs.get("surplus") for t in others)
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'pg' / 'mlflow.db'}")
     exp = client.get_experiment_by_name(EXPERIMENT)
@@ -134,17 +164,12 @@ def test_killed_worker_trial_is_retried(tiny_folder: Path, tmp_path: Path, pg_ur
     finally:
         victim.send_signal(signal.SIGKILL)  # kill -9, mid-trial
         victim.wait(timeout=30)
-    killed = [
-        t.number
-        for t in optuna.load_study(study_name="pg", storage=pg_url).get_trials()
-        if t.state == TrialState.RUNNING
-    ]
+    killed = [t.number for t in _trials(pg_url) if t.state == TrialState.RUNNING]
     assert len(killed) == 1
     survivors = [_spawn(argv, tmp_path / f"survivor{i}.log") for i in range(2)]
     for i, p in enumerate(survivors):
         assert p.wait(timeout=300) == 0, (tmp_path / f"survivor{i}.log").read_text()[-3000:]
-    study = optuna.load_study(study_name="pg", storage=pg_url)
-    trials = study.get_trials()
+    trials = _trials(pg_url)
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 4
     assert trials[killed[0]].state == TrialState.FAIL  # its heartbeat went stale
@@ -159,11 +184,11 @@ def test_ctrl_c_then_rerun_resumes(tiny_folder: Path, tmp_path: Path, pg_url: st
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert "rerun the same command to resume" in (tmp_path / "run.log").read_text()
-    before = optuna.load_study(study_name="pg", storage=pg_url).get_trials()
+    before = _trials(pg_url)
     done_before = {t.number: t.params for t in before if t.state == TrialState.COMPLETE}
     assert done_before and not [t for t in before if t.state == TrialState.RUNNING]  # storage consistent
     assert main(argv) == 0
-    after = optuna.load_study(study_name="pg", storage=pg_url).get_trials()
+    after = _trials(pg_url)
     assert len([t for t in after if t.state == TrialState.COMPLETE]) == 4
     assert {n: after[n].params for n in done_before} == done_before  # nothing redone
 
