@@ -1,6 +1,7 @@
 """Which accuracy signal should the search optimise? Reliability, validity and CPU cost per signal.
 
     python benchmarks/objective_noise.py [--max-prompt-tokens 1024] [--schedules all] [--max-minutes 11]
+        [--revival frozen] [--no-gold]
 
 For a set of schedules spanning the ``stages`` space (keep-all to aggressive) and every English QA
 record (validation and test), measures per schedule and example:
@@ -69,6 +70,22 @@ def schedules(model: str, layers: int) -> dict[str, Schedule]:
         ),
         "30% after L10, 30% after L20": Schedule.from_layers(model, layers, {at(1 / 3): 30, at(2 / 3): 30}),
         "50% after L4": Schedule.from_layers(model, layers, {at(0.13): 50}),
+        "20% after L25": Schedule.from_layers(model, layers, {at(0.83): 20}),
+        "90% after L25": Schedule.from_layers(model, layers, {at(0.83): 90}),
+        "30% after L15": Schedule.from_layers(model, layers, {at(1 / 2): 30}),
+        "50% after L10": Schedule.from_layers(model, layers, {at(1 / 3): 50}),
+        "80% after L10": Schedule.from_layers(model, layers, {at(1 / 3): 80}),
+        "20% after L2": Schedule.from_layers(model, layers, {at(0.07): 20}),
+        "60% after L20, 60% after L25": Schedule.from_layers(model, layers, {at(2 / 3): 60, at(0.83): 60}),
+        "40% after L8, 40% L16, 40% L24": Schedule.from_layers(
+            model, layers, {at(0.27): 40, at(0.53): 40, at(0.8): 40}
+        ),
+        "progressive from L15 to 30%": Schedule.progressive(
+            model, layers, start_layer=at(1 / 2), final_keep=0.3, stages=3
+        ),
+        "progressive from L3 to 5%": Schedule.progressive(
+            model, layers, start_layer=at(0.1), final_keep=0.05, stages=5
+        ),
     }
 
 
@@ -106,7 +123,7 @@ def run(args: argparse.Namespace) -> None:
         if args.max_minutes and (time.monotonic() - start) / 60 > args.max_minutes:
             print(f"stopping before {name!r}: --max-minutes reached; rerun to continue")
             break
-        sched = grid[name]
+        sched = grid[name].with_revival(args.revival)
         engine = LazyLLM(model, sched, tokenizer=tokenizer, strict_model_name=False)
         examples: list[dict[str, Any]] = []
         for split, (ev, fid) in evs.items():
@@ -144,6 +161,7 @@ def run(args: argparse.Namespace) -> None:
             "percentiles": list(sched.percentiles),
             "flop_speedup": flop_speedup(sched, dims, n_prompt),
             "max_prompt_tokens": args.max_prompt_tokens,
+            "revival": str(sched.revival),
             "examples": examples,
         }
         with rows_path.open("a") as fh:
@@ -235,6 +253,9 @@ def main() -> int:
     p.add_argument("--schedules", default="all", help="'all' or names separated by ';'")
     p.add_argument("--max-minutes", type=float, default=11.0, help="stop between schedules after this")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--revival", default="frozen", help="decoding revival policy (the study's default: frozen)"
+    )
     p.add_argument(
         "--gold", action=argparse.BooleanOptionalAction, default=True, help="also the gold-likelihood pass"
     )

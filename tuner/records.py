@@ -127,6 +127,7 @@ class TrialRecord:
                 remeasured=bool(speed["remeasured"]),
                 plausible=bool(speed["plausible"]),
                 bounds=(float(speed["bounds"][0]), float(speed["bounds"][1])),
+                clock=str(speed.get("clock", "wall")),  # records before the CPU clock: wall
             ),
             metrics={k: float(v) for k, v in data.get("metrics", {}).items()},
             per_dataset={k: float(v) for k, v in data.get("per_dataset", {}).items()},

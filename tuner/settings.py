@@ -31,6 +31,7 @@ from lazyllm.models import DEFAULT_MODEL
 from lazyllm.schedule import Revival
 from tuner.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task
 from tuner.samplers import check_sampler, sampler_names
+from tuner.speed import CLOCKS
 
 STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
 SPEEDUP_MODES = ("measured", "total", "flops")
@@ -154,7 +155,15 @@ class SearchSettings(EvalSettings):
         default=3, metadata=_help("feasible front candidates re-scored on the task before recommending")
     )
     timing_rounds: int = field(
-        default=5, metadata=_help("interleaved TTFT timings per side and trial (min per side)")
+        default=3, metadata=_help("interleaved TTFT timings per side and trial (min per side)")
+    )
+    timing_clock: str = field(
+        default="auto",
+        metadata=_help(
+            "clock of the measured speedups: cpu (one thread, its CPU time; robust to background load), "
+            "wall, or auto (cpu on a CPU, wall on CUDA)",
+            choices=CLOCKS,
+        ),
     )
     fidelity_top_k: int = field(default=64, metadata=_help("unpruned tokens per step kept for the KL"))
     fidelity_gold: bool = field(
@@ -213,6 +222,8 @@ class SearchSettings(EvalSettings):
         Revival.parse(self.revival)  # dynamic, frozen or budget:N; anything else is one line
         if self.timing_rounds < 1:
             raise ValueError(f"timing_rounds = {self.timing_rounds}: must be >= 1")
+        if self.timing_clock not in CLOCKS:
+            raise ValueError(f"timing_clock = {self.timing_clock!r}: must be one of {', '.join(CLOCKS)}")
         if self.fidelity_top_k < 1:
             raise ValueError(f"fidelity_top_k = {self.fidelity_top_k}: must be >= 1")
         if self.n_workers < 1:
@@ -251,7 +262,7 @@ class SearchSettings(EvalSettings):
     def study_identity(self) -> dict[str, Any]:
         """The settings a resumed study must share with the one that created it."""
         keys = ("model", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
-                "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival",
+                "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival", "timing_clock",
                 "confidence", "fidelity_top_k", "fidelity_gold")  # fmt: skip
         return {k: getattr(self, k) for k in keys}
 

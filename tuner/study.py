@@ -45,7 +45,7 @@ from tuner.redact import redact_text
 from tuner.samplers import make_sampler
 from tuner.settings import SearchSettings
 from tuner.spaces import SearchSpace
-from tuner.speed import SpeedMeasurement, generation_timer, measure_speedup, prefill_timer
+from tuner.speed import SpeedMeasurement, generation_timer, measure_speedup, prefill_timer, resolve_clock
 from tuner.stats import Estimate, estimate, macro_weights
 from tuner.stores import create_sqlite_atomically, sqlite_path
 from tuner.workers import SurplusTrial, is_surplus
@@ -196,8 +196,13 @@ class StudyRunner:
         ids = torch.tensor(self.timing_example.input_ids)
         flops = flop_speedup(schedule, self.dims, len(self.timing_example.input_ids))
         rounds = self.settings.timing_rounds if self.settings.speedup == "measured" else TOTAL_SIDE_ROUNDS
+        clock = resolve_clock(self.settings.timing_clock, engine.device)
         return measure_speedup(
-            prefill_timer(self.baseline_engine, ids), prefill_timer(engine, ids), flops, rounds=rounds
+            prefill_timer(self.baseline_engine, ids, clock),
+            prefill_timer(engine, ids, clock),
+            flops,
+            rounds=rounds,
+            clock=clock,
         )
 
     def measure_total(self, engine: LazyLLM, schedule: Schedule) -> SpeedMeasurement:
@@ -211,12 +216,14 @@ class StudyRunner:
         new = self.settings.new_tokens or self.timing_example.max_new_tokens
         flops = flop_speedup(schedule, self.dims, len(self.timing_example.input_ids))
         rounds = self.settings.timing_rounds if self.settings.speedup == "total" else TOTAL_SIDE_ROUNDS
+        clock = resolve_clock(self.settings.timing_clock, engine.device)
         return measure_speedup(
-            generation_timer(self.baseline_engine, ids, new),
-            generation_timer(engine, ids, new),
+            generation_timer(self.baseline_engine, ids, new, clock),
+            generation_timer(engine, ids, new, clock),
             flops,
             rounds=rounds,
             plausible=(1e-3, 1e3),
+            clock=clock,
         )
 
     def score_loss(self, engine: LazyLLM, desc: str) -> LossResult:

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import torch
 
-from tuner.speed import SpeedMeasurement, measure_speedup, min_ratio
+from lazyllm import LazyLLM, Schedule
+from tests.support import make_tiny
+from tuner.speed import (
+    SpeedMeasurement,
+    clock_timer,
+    generation_timer,
+    measure_speedup,
+    min_ratio,
+    prefill_timer,
+    resolve_clock,
+)
 
 
 def _timer(values: list[float]) -> tuple[list[int], object]:
@@ -72,3 +85,57 @@ def test_bad_input_is_a_clear_error() -> None:
         measure_speedup(lambda: 1.0, lambda: 1.0, 1.0, plausible=(1.2, 2.0))
     with pytest.raises(ValueError, match="timings"):
         SpeedMeasurement(1.0, 1.0, (), (), False, True)
+
+
+# ---- the clock -------------------------------------------------------------------------------------
+
+
+def test_auto_clock_is_cpu_on_a_cpu_and_wall_on_cuda() -> None:
+    assert resolve_clock("auto", torch.device("cpu")) == "cpu"
+    assert resolve_clock("auto", torch.device("cuda", 0)) == "wall"
+    assert resolve_clock("wall", torch.device("cpu")) == "wall"
+    with pytest.raises(ValueError, match="on CUDA use --timing-clock wall"):
+        resolve_clock("cpu", torch.device("cuda"))
+    with pytest.raises(ValueError, match="auto, cpu, wall"):
+        resolve_clock("sundial", "cpu")
+    with pytest.raises(ValueError, match="clock"):
+        SpeedMeasurement(1.0, 1.0, (1.0,), (1.0,), False, True, clock="auto")
+
+
+def test_cpu_clock_does_not_count_time_the_thread_is_not_running() -> None:
+    # what background load does to a timed call: the thread waits while others run. Sleeping is the
+    # extreme case: the wall clock counts it, the CPU clock does not.
+    def work() -> float:
+        start = time.perf_counter()
+        torch.ones(256, 256) @ torch.ones(256, 256)
+        time.sleep(0.3)
+        return time.perf_counter() - start
+
+    threads = torch.get_num_threads()
+    assert clock_timer(work, "wall")() >= 0.3
+    assert clock_timer(work, "cpu")() < 0.1
+    assert torch.get_num_threads() == threads  # one thread only while measuring
+
+
+def test_cpu_timer_runs_the_engine_on_one_thread_and_measures_it() -> None:
+    model = make_tiny("llama")
+    layers = model.config.num_hidden_layers
+    engine = LazyLLM(model, Schedule.keep_all(model.config.name_or_path, layers), strict_model_name=False)
+    seen: list[int] = []
+    generate = engine.generate
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return generate(*args, **kwargs)
+
+    engine.generate = spy  # type: ignore[method-assign]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ids = torch.arange(3, 40)
+        assert prefill_timer(engine, ids, "cpu")() > 0
+        assert generation_timer(engine, ids, 3, "cpu")() > 0
+        assert prefill_timer(engine, ids, "wall")() > 0
+        assert seen == [1, 1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
