@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
 from tuner.records import TrialRecord
 from tuner.results import trial_schedule
 from tuner.stats import Estimate
-from tuner.study import StudyRunner, feasible_front, schedule_of
+from tuner.study import CONFIRMATION_ATTR, StudyRunner, feasible_front, schedule_of
 
 STATUSES = ("confirmed", "failed", "skipped")
 
@@ -148,15 +148,26 @@ def confirm(study: optuna.Study, runner: StudyRunner, k: int) -> Confirmation:
     return Confirmation(budget=budget, level=settings.confidence, candidates=tuple(out), n_examples=n)
 
 
+def record_confirmation(study: optuna.Study, result: Confirmation) -> dict[str, Any]:
+    """Store the outcome in the study (user attr ``confirmation``, with the count of complete trials
+    it judged): from then on :func:`tuner.study.recommended_trial` returns the confirmed trial, so
+    plots, ``pareto.json``, MLflow and the registry name the same trial as ``recommended.json``."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    data = result.to_dict() | {"complete_trials": len(complete)}
+    study.set_user_attr(CONFIRMATION_ATTR, data)
+    return data
+
+
 def write_confirmation(study: optuna.Study, result: Confirmation, out_dir: Path) -> Path | None:
-    """``confirmation.json``, the study attr, ``recommended.json`` and the ``pareto.json`` annotations.
+    """``confirmation.json``, ``recommended.json`` and the ``pareto.json`` annotations (after
+    :func:`record_confirmation` and a fresh export).
 
     Returns the path of ``recommended.json``, or None when no candidate was confirmed (the file is
     then removed: a recommendation must be confirmed).
     """
     data = result.to_dict()
     (out_dir / "confirmation.json").write_text(json.dumps(data, indent=2) + "\n")
-    study.set_user_attr("confirmation", data)
+    rec = result.recommended
     by_trial = {c.trial: c for c in result.candidates}
     pareto = out_dir / "pareto.json"
     if pareto.exists():
@@ -169,6 +180,7 @@ def write_confirmation(study: optuna.Study, result: Confirmation, out_dir: Path)
                 row["accuracy_loss_upper"] = round(record.loss.upper, 4)
                 row["accuracy_loss_se"] = record.loss.to_dict()["se"]
             c = by_trial.get(int(row["trial"]))
+            row["recommended"] = rec is not None and int(row["trial"]) == rec.trial
             row["confirmation"] = c.status if c is not None else "not a candidate"
             if c is not None and c.loss is not None:
                 row["task_loss"] = round(c.loss.value, 4)
@@ -176,7 +188,6 @@ def write_confirmation(study: optuna.Study, result: Confirmation, out_dir: Path)
                 row["task_loss_upper"] = round(c.loss.upper, 4)
         pareto.write_text(json.dumps(rows, indent=2) + "\n")
     path = out_dir / "recommended.json"
-    rec = result.recommended
     if rec is None:
         path.unlink(missing_ok=True)
         return None

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
-from tuner.confirm import confirm, write_confirmation
+from tuner.confirm import confirm, record_confirmation, write_confirmation
 from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator
 from tuner.heldout import heldout_check
@@ -214,6 +214,8 @@ def _run_session(settings: SearchSettings, session: Session) -> int:
     recommended = Schedule.load(exported["recommended"]) if exported["recommended"] else None
     if settings.confirm_k > 0:
         confirmation = confirm(study, session.runner, settings.confirm_k)
+        record_confirmation(study, confirmation)
+        exported = export_study(study, settings.study_dir, settings.max_accuracy_loss)  # the confirmed pick
         rec_path = write_confirmation(study, confirmation, settings.study_dir)
         exported["recommended"] = rec_path
         recommended = Schedule.load(rec_path) if rec_path else None

@@ -500,11 +500,19 @@ def feasible_front(study: optuna.Study, max_accuracy_loss: float) -> list[Frozen
     return _non_dominated(ok)
 
 
+CONFIRMATION_ATTR = "confirmation"
+"""Study user attr holding the confirmation stage's outcome (:mod:`tuner.confirm`)."""
+
+
 def recommended_trial(study: optuna.Study, max_accuracy_loss: float) -> FrozenTrial | None:
-    """The fastest complete feasible trial (before confirmation; see :mod:`tuner.confirm`)."""
-    ok = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.values and feasible(t, max_accuracy_loss)
-    ]
+    """The trial a user is told to use: the confirmed one once the confirmation stage has run on the
+    study's current trials (None if it confirmed none); before that, the fastest complete feasible
+    trial. Plots, ``pareto.json``, MLflow and the registry all read this, so they agree with
+    ``recommended.json``."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    confirmation = study.user_attrs.get(CONFIRMATION_ATTR)
+    if isinstance(confirmation, dict) and confirmation.get("complete_trials") == len(complete):
+        number = confirmation.get("recommended_trial")
+        return None if number is None else study.trials[int(number)]
+    ok = [t for t in complete if t.values and feasible(t, max_accuracy_loss)]
     return max(ok, key=lambda t: (t.values[0], -t.values[1], -t.number), default=None)

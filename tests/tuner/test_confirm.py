@@ -11,11 +11,12 @@ import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
-from tuner.confirm import confirm, write_confirmation
+from tuner.confirm import confirm, record_confirmation, write_confirmation
 from tuner.records import TrialRecord
+from tuner.results import export_study
 from tuner.search import main, parse_settings
 from tuner.session import open_session
-from tuner.study import BaselineStats
+from tuner.study import BaselineStats, recommended_trial
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
@@ -51,7 +52,8 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     rows = json.loads((d / "pareto.json").read_text())
     assert all("confirmation" in r and "accuracy_loss_upper" in r for r in rows)
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
-    assert study.user_attrs["confirmation"] == data
+    assert study.user_attrs["confirmation"] == data | {"complete_trials": 3}
+    assert [r["trial"] for r in rows if r["recommended"]] == [data["recommended_trial"]]
 
     # the same study against a baseline that scored perfectly: every candidate loses 100 points
     settings = parse_settings(argv)
@@ -64,6 +66,51 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     assert write_confirmation(study, failed, d) is None and not (d / "recommended.json").exists()
     rows = json.loads((d / "pareto.json").read_text())
     assert {r["confirmation"] for r in rows} <= {"failed", "not a candidate"}
+    assert not any(r["recommended"] for r in rows)
+
+
+def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    argv = _argv(
+        tiny_folder, tmp_path, "--n-trials", "3", "--confirm-k", "2", "--no-heldout", "--max-kl", "10",
+        "--speedup", "flops",
+    )  # fmt: skip
+    assert main(argv) == 0
+    d = tmp_path / "c"
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    fastest = recommended_trial(study, 2.0)
+    assert fastest is not None
+    # the same race, except that the fastest candidate failed and the next one was confirmed
+    settings = parse_settings(argv)
+    session = open_session(settings, progress=False)
+    race = confirm(study, session.runner, 2)
+    first, second = race.candidates
+    assert first.trial == fastest.number and first.loss is not None
+    rejected = dataclasses.replace(
+        race,
+        candidates=(
+            dataclasses.replace(first, status="failed"),
+            dataclasses.replace(second, status="confirmed", loss=first.loss),
+        ),
+    )
+    record_confirmation(study, rejected)
+    export_study(study, d, 2.0)
+    assert write_confirmation(study, rejected, d) == d / "recommended.json"
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    picked = recommended_trial(study, 2.0)
+    assert picked is not None and picked.number == second.trial != fastest.number
+    rows = json.loads((d / "pareto.json").read_text())
+    assert [r["trial"] for r in rows if r["recommended"]] == [second.trial]
+    assert Schedule.load(d / "recommended.json").metadata["trial"] == second.trial
+    # a later trial makes the confirmation stale: back to the fastest feasible until it is rerun
+    study.enqueue_trial({"n_stages": 0})
+    more = _argv(tiny_folder, tmp_path, "--n-trials", "4", "--confirm-k", "0", "--no-heldout", "--max-kl", "10",
+                 "--speedup", "flops")  # fmt: skip
+    assert main(more) == 0
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    again = recommended_trial(study, 2.0)
+    assert again is not None and again.number == fastest.number
 
 
 def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Path) -> None:
