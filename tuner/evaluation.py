@@ -322,6 +322,12 @@ def dataset_scores(results: Sequence[ExampleResult]) -> dict[str, float]:
     return {d: task_score(s) for d, s in by.items()}
 
 
+def macro_score(results: Sequence[ExampleResult]) -> float:
+    """The LongBench score of a set of examples: the mean over datasets of each dataset's score (the
+    average every accuracy loss and interval here is taken against)."""
+    return float(statistics.fmean(dataset_scores(results).values()))
+
+
 def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult]) -> dict[str, Any]:
     """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples
     (with its standard error, 90% paired bootstrap interval and one-sided upper bound), median paired
@@ -332,8 +338,8 @@ def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult
     base = [b for b in baseline if (b.dataset, b.record_id) in done]
     scores = dataset_scores(results)
     base_scores = dataset_scores(base)
-    score = statistics.fmean(scores.values())
-    base_score = statistics.fmean(base_scores.values())
+    score = macro_score(results)
+    base_score = macro_score(base)
     loss = loss_estimate(results, base)  # paired bootstrap over the same examples (90%, fixed seed)
     return {
         "n_examples": len(results),

@@ -24,7 +24,7 @@ from typing import Any
 from lazyllm.engine import LazyLLM
 from lazyllm.flops import flop_speedup
 from lazyllm.schedule import Schedule
-from tuner.evaluation import Evaluator, ExampleResult, loss_estimate
+from tuner.evaluation import Evaluator, ExampleResult, loss_estimate, macro_score
 from tuner.stats import macro_weights, paired_estimate
 from tuner.study import StudyRunner
 
@@ -146,8 +146,9 @@ def heldout_check(runner: StudyRunner, recommended: Schedule | None) -> dict[str
                 "test_loss_interval": [round(est.low, 2), round(est.high, 2)],
                 "test_loss_upper": round(est.upper, 2),
                 "test_loss_se": est.to_dict()["se"],
-                "test_score": round(100.0 * sum(r.score for r in res) / len(res), 2),
-                "test_baseline_score": round(100.0 * sum(b.score for b in base_test) / len(base_test), 2),
+                # macro over datasets, like the loss: baseline - score = loss (to rounding)
+                "test_score": round(macro_score(res), 2),
+                "test_baseline_score": round(macro_score(base_test), 2),
                 "within_budget": est.upper <= settings.max_accuracy_loss,
                 "n_validation": len(runner.evaluator.examples),
                 "n_test": len(test.examples),

@@ -38,7 +38,7 @@ from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.methods import make_method
 from lazyllm.peers import PEER_METHODS, match_speedup, peer_flop_speedup
 from lazyllm.schedule import Schedule
-from tuner.evaluation import Evaluator, ExampleResult
+from tuner.evaluation import Evaluator, ExampleResult, macro_score
 from tuner.settings import EvaluateSettings
 
 SWEEP: dict[str, tuple[float, ...]] = {"gemfilter": (0.1, 0.3, 0.6), "tsp": (0.1, 0.3, 0.6)}
@@ -238,7 +238,7 @@ def compare(
             options=dict(options),
             role=role,
             n=len(res),
-            score=_macro_score(res),
+            score=macro_score(res),
             vs_baseline=paired_bootstrap(res, baseline),
             vs_tuned=None if role == "tuned" else paired_bootstrap(res, tuned_res),
             flop_speedup=median_flop_speedup(method, options, schedule, dims, lengths),
@@ -274,18 +274,11 @@ def compare(
         n=len(tuned_res),
         target_flop_speedup=target,
         tuned=tuned,
-        baseline_score=_macro_score(baseline),
+        baseline_score=macro_score(baseline),
         points=points,
         at_loss=at_loss,
         unreachable=unreachable,
     )
-
-
-def _macro_score(results: Sequence[ExampleResult]) -> float:
-    by: dict[str, list[float]] = {}
-    for r in results:
-        by.setdefault(r.dataset, []).append(r.score)
-    return float(statistics.fmean(100 * statistics.fmean(v) for v in by.values()))
 
 
 # Writing ------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ makes a run slower. So:
    quiet gap, and the two sides are hit differently. On CUDA (``auto``) the clock is the wall clock
    with a device sync: the GPU is not shared with the background load that troubles a CPU.
    Under one or two such hogs, 17 of 18 CPU-clock measurements (3 rounds) landed within 10% of the
-   quiet two-thread wall-clock value (wall clock: 8 of 18, worst +68%); the exception, +15%, is the
+   quiet two-thread wall-clock value (wall clock: 6 of 18, worst +68%); the exception, +15%, is the
    most aggressive schedule, whose one-thread ratio runs ~5% above the two-thread one even when quiet
    (fixed per-layer overheads parallelise worse than the matrix products).
 2. **Interleave**: ``rounds`` rounds, each timing the unpruned model and the schedule once, the order

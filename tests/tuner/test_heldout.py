@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.evaluation import ExampleResult
+from tuner.evaluation import ExampleResult, loss_estimate, macro_score, summarize
 from tuner.heldout import _verdict, hand_made_grid, one_stage_grid
 from tuner.search import parse_settings
 
@@ -44,3 +44,14 @@ def test_issue12_settings_flags_and_validation() -> None:
         parse_settings(["--max-kl", "0"])
     with pytest.raises(SystemExit):
         parse_settings(["--accuracy", "bogus"])
+
+
+def test_scores_are_macro_averages_so_score_difference_equals_the_loss() -> None:
+    # unequal dataset sizes: a plain mean over examples (what heldout.json once printed) is 40.0,
+    # the macro average over datasets 62.5; the loss is a macro average, so the scores must be too
+    base = [_r("a", 1.0, 0), _r("a", 0.0, 1), _r("a", 0.0, 2), _r("a", 0.0, 3), _r("b", 1.0, 4)]
+    pruned = [_r("a", 0.0, 0), _r("a", 0.0, 1), _r("a", 0.0, 2), _r("a", 0.0, 3), _r("b", 1.0, 4)]
+    assert macro_score(base) == pytest.approx(62.5) and macro_score(pruned) == pytest.approx(50.0)
+    loss = loss_estimate(pruned, base)
+    assert loss.value == pytest.approx(macro_score(base) - macro_score(pruned))
+    assert summarize(pruned, base)["score"] == pytest.approx(50.0)
