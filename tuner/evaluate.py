@@ -87,6 +87,29 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def loss_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """Table 3: each method's accuracy loss against the baseline with its interval and sample count."""
+    rows = {m: s for m, s in summaries.items() if m != "baseline"}
+    if not rows:
+        return ""
+    level = round(100 * next(iter(rows.values()))["interval_level"])
+    lines = [
+        "",
+        f"**Table 3**: accuracy loss against the baseline on the same examples (score points, macro over "
+        f"datasets; {level}% paired bootstrap interval over examples, one-sided {level}% upper bound)",
+        "",
+        "| method | n | loss | interval | upper bound |",
+        "|---|---|---|---|---|",
+    ]
+    for method, summ in rows.items():
+        low, high = summ["accuracy_loss_interval"]
+        lines.append(
+            f"| {method} | {summ['n_examples']} | {summ['accuracy_loss']:.2f} | [{low:.2f}, {high:.2f}] "
+            f"| {summ['accuracy_loss_upper']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -136,6 +159,7 @@ def evaluate(settings: EvaluateSettings) -> int:
     evaluator = Evaluator(model, tokenizer, settings.eval_only(), out / "cache")
     baseline = evaluator.baseline_results()
     results: dict[str, list[ExampleResult]] = {}
+    summaries: dict[str, dict[str, Any]] = {}
     options = settings.options_by_method
     for method in settings.method_list:
         if settings.match_speedup and method in PEER_METHODS:
@@ -148,14 +172,15 @@ def evaluate(settings: EvaluateSettings) -> int:
             )
             res, _ = evaluator.evaluate(method, generator)
         results[method] = res
-        write_results(res, summarize(res, baseline), out, method)
+        summaries[method] = summarize(res, baseline)
+        write_results(res, summaries[method], out, method)
     rows = category_table(results)
     header = (
         f"model {settings.model}, task {settings.task} ({settings.language}), split {settings.split}, "
         f"{len(evaluator.examples)} examples, prompts cut to {settings.max_prompt_tokens} tokens"
         + (f", schedule {settings.schedule}" if settings.schedule else "")
     )
-    text = markdown(rows, header)
+    text = markdown(rows, header) + loss_table(summaries)
     (out / "report.md").write_text(text)
     with (out / "report.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -115,5 +115,10 @@ def test_report_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFix
     )
     for name in ("report.md", "report.csv", "report.png", "lazyllm.jsonl", "static.summary.json"):
         assert (tmp_path / "report" / name).stat().st_size > 0
+    # every method's loss is printed with its interval and sample count, as in its summary
+    summary = json.loads((tmp_path / "report" / "static.summary.json").read_text())
+    low, high = summary["accuracy_loss_interval"]
+    row = f"| static | 6 | {summary['accuracy_loss']:.2f} | [{low:.2f}, {high:.2f}] | {summary['accuracy_loss_upper']:.2f} |"
+    assert "Table 3" in out and row in out and "| baseline | 6 |" not in out
     assert evaluate_cli.main([*argv[:-2], "--output", str(tmp_path / "report"), "--methods", "bogus"]) == 2
     assert "Unknown method 'bogus'" in capsys.readouterr().err
