@@ -410,16 +410,21 @@ def run(
     evaluator: Evaluator,
     schedule: Schedule,
     baseline: Sequence[ExampleResult],
+    known: Mapping[str, Sequence[ExampleResult]] | None = None,
 ) -> str:
     """The ``--match-speedup`` part of ``python -m tuner.evaluate``: compare, write, return the markdown.
 
     Peers come from ``--methods`` (all of :data:`lazyllm.peers.PEER_METHODS` if it names none); their
-    ``--method-options`` other than the size knob stay fixed.
+    ``--method-options`` other than the size knob stay fixed. ``known``: results the caller already has
+    for a method at its default knobs on the same examples (e.g. ``lazyllm``), used instead of rerunning.
     """
+    known = known or {}
     model, tokenizer = evaluator.model, evaluator.tokenizer
     out = settings.out_dir
 
     def runner(method: str, options: Mapping[str, float]) -> list[ExampleResult]:
+        if not options and method in known:
+            return list(known[method])
         generator = make_method(method, model, tokenizer, schedule, seed=settings.seed, options=options)
         results, _ = evaluator.evaluate(label_of(method, options), generator)
         return results

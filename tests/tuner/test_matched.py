@@ -131,3 +131,14 @@ def test_peers_need_no_schedule_but_match_speedup_does(
     assert "--schedule is needed for --match-speedup" in capsys.readouterr().err
     assert evaluate_cli.main([*argv, "--methods", "lazyllm"]) == 2
     assert "--schedule is needed for lazyllm" in capsys.readouterr().err
+
+
+def test_the_tuned_schedule_is_evaluated_once(tiny_folder: Path, tmp_path: Path) -> None:
+    # lazyllm in --methods and the matched comparison's tuned point are the same evaluation
+    argv = _argv(tiny_folder, tmp_path, "--methods", "baseline,lazyllm,tsp", "--match-speedup")
+    assert evaluate_cli.main(argv) == 0
+    folder = tmp_path / "out"
+    main = [json.loads(line) for line in (folder / "lazyllm.jsonl").read_text().splitlines()]
+    tuned = [json.loads(line) for line in (folder / "matched" / "lazyllm.jsonl").read_text().splitlines()]
+    # timings differ between two runs of the same method, so equal timings mean one run
+    assert len(main) == len(tuned) == 6 and [r["ttft_s"] for r in main] == [r["ttft_s"] for r in tuned]
