@@ -27,13 +27,18 @@ def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def _raced(folder: Path, out: Path, *, trials: int, k: int) -> list[str]:
+    """A study whose every trial is feasible (KL budget 10), ranked by the FLOP model, then confirmed."""
+    return _argv(
+        folder, out, "--n-trials", str(trials), "--confirm-k", str(k), "--no-heldout", "--max-kl", "10",
+        "--speedup", "flops",
+    )  # fmt: skip
+
+
 def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = _argv(
-        tiny_folder, tmp_path, "--n-trials", "3", "--confirm-k", "2", "--no-heldout", "--max-kl", "10",
-        "--speedup", "flops",
-    )  # fmt: skip
+    argv = _raced(tiny_folder, tmp_path, trials=3, k=2)
     assert main(argv) == 0
     assert "Confirmation (task score on every validation example)" in capsys.readouterr().out
     d = tmp_path / "c"
@@ -72,10 +77,7 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
 def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     tiny_folder: Path, tmp_path: Path
 ) -> None:
-    argv = _argv(
-        tiny_folder, tmp_path, "--n-trials", "3", "--confirm-k", "2", "--no-heldout", "--max-kl", "10",
-        "--speedup", "flops",
-    )  # fmt: skip
+    argv = _raced(tiny_folder, tmp_path, trials=3, k=2)
     assert main(argv) == 0
     d = tmp_path / "c"
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
@@ -105,9 +107,7 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     assert Schedule.load(d / "recommended.json").metadata["trial"] == second.trial
     # a later trial makes the confirmation stale: back to the fastest feasible until it is rerun
     study.enqueue_trial({"n_stages": 0})
-    more = _argv(tiny_folder, tmp_path, "--n-trials", "4", "--confirm-k", "0", "--no-heldout", "--max-kl", "10",
-                 "--speedup", "flops")  # fmt: skip
-    assert main(more) == 0
+    assert main(_raced(tiny_folder, tmp_path, trials=4, k=0)) == 0
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
     again = recommended_trial(study, 2.0)
     assert again is not None and again.number == fastest.number
