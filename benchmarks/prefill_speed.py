@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from lazyllm import LazyLLM, ModelDims, Schedule, flop_speedup, load_model
-from lazyllm.timing import min_ratio, paired_ratio, timed
+from lazyllm.timing import paired_ratio, timed
+from tuner.speed import min_ratio
 
 
 def schedules(name: str, layers: int) -> dict[str, Schedule]:

@@ -36,15 +36,3 @@ def paired_ratio(baseline: list[float], other: list[float]) -> float:
     if len(baseline) != len(other) or not baseline:
         raise ValueError("paired_ratio needs two equally long, non-empty lists of timings")
     return statistics.median(b / o for b, o in zip(baseline, other))
-
-
-def min_ratio(baseline: list[float], other: list[float]) -> float:
-    """``min(baseline) / min(other)``: a speedup from each side's fastest run.
-
-    Background load only ever adds time, so the fastest of several runs is the one least touched by
-    it; this needs one quiet moment per side rather than a quiet pair (the statistic the tuner's
-    measured speedup uses, :mod:`tuner.speed`).
-    """
-    if len(baseline) != len(other) or not baseline:
-        raise ValueError("min_ratio needs two equally long, non-empty lists of timings")
-    return min(baseline) / min(other)
