@@ -24,7 +24,8 @@ from tuner.evaluation import Evaluator
 from tuner.samplers import make_sampler
 from tuner.settings import SearchSettings
 from tuner.spaces import load_space
-from tuner.study import BaselineStats, StudyRunner, warm_start
+from tuner.stages.trial import BaselineStats, TrialRunner
+from tuner.storage import warm_start
 
 
 def hypervolume(points: list[tuple[float, float]], ref_speedup: float, ref_loss: float) -> float:
@@ -58,7 +59,7 @@ def main() -> int:
     space = load_space(settings.search_space)
     evaluator = Evaluator(model, tokenizer, settings, Path("benchmarks/results/cache"), progress=False)
     baseline = BaselineStats.of(evaluator.baseline_results())
-    runner = StudyRunner(settings, model, tokenizer, evaluator, space, baseline)
+    runner = TrialRunner(settings, model, tokenizer, evaluator, space, baseline)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table: dict[str, list[float]] = {}
     for name in args.samplers:

@@ -97,22 +97,20 @@ def longbench_dir() -> str:
 
 
 def assert_evaluated_once(trials: list[Any]) -> None:
-    """No schedule was evaluated twice when it could have been reused: a finished trial whose
-    percentiles an earlier one already had is marked ``duplicate_of`` a trial with the same schedule,
-    unless it started before that trial finished (workers racing on the same schedule cannot know)."""
-    first: dict[tuple[float, ...], Any] = {}
-    by_number = {t.number: t for t in trials}
+    """No schedule was evaluated twice when it could have been known: a finished trial whose schedule
+    an earlier one already had must have started before that trial finished (workers racing on the
+    same schedule cannot know); a later proposal of it is refused and never evaluated."""
+    from tuner.records import TrialRecord, schedule_key
+
+    first: dict[str, Any] = {}
     for t in sorted(trials, key=lambda t: t.number):
-        key = tuple(t.user_attrs["percentiles"])
+        record = TrialRecord.from_trial(t)
+        assert record is not None, t.number
+        key = schedule_key(record.schedule)
         if key not in first:
-            assert "duplicate_of" not in t.user_attrs, t.number
             first[key] = t
             continue
-        original = t.user_attrs.get("duplicate_of")
-        if original is not None:
-            assert tuple(by_number[original].user_attrs["percentiles"]) == key, (t.number, original)
-        else:
-            assert t.datetime_start < first[key].datetime_complete, (t.number, key)
+        assert t.datetime_start < first[key].datetime_complete, (t.number, first[key].number)
 
 
 def wait_for_http(url: str, proc: Any, log: Path, *, what: str, timeout: float = 120) -> None:
@@ -139,3 +137,27 @@ def stop_process_group(proc: Any) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def hand_record(
+    number: int,
+    speedup: float,
+    loss: float,
+    percentiles: tuple[float, ...],
+    *,
+    upper: float | None = None,
+    accuracy: str = "fidelity",
+    revival: str = "frozen",
+) -> Any:
+    """A complete :class:`~tuner.records.TrialRecord` built by hand (4-layer model ``tiny``)."""
+    from lazyllm.schedule import Schedule
+    from tuner.records import TrialRecord
+    from tuner.stats import Estimate
+
+    upper = loss + 0.01 if upper is None else upper
+    est = Estimate(value=loss, se=0.01, low=loss - 0.02, high=upper, upper=upper, level=0.9, n=4)
+    return TrialRecord(
+        number=number, schedule=Schedule("tiny", percentiles).with_revival(revival), params={"i": number},
+        accuracy=accuracy, flop_speedup=speedup, prompt_computed_pct=100.0 / speedup, examples_run=4,
+        loss=est, speedup=speedup,
+    )  # fmt: skip

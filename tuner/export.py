@@ -28,9 +28,9 @@ import optuna
 
 from lazyllm.cli import cli_main
 from lazyllm.schedule import Schedule
+from tuner.outcome import StudyOutcome
 from tuner.redact import redact_text, redact_url
-from tuner.results import export_study
-from tuner.study import recommended_trial
+from tuner.report.files import write_outcome
 
 
 def _sqlite_file(url: str) -> Path | None:
@@ -150,18 +150,24 @@ def _export(args: argparse.Namespace) -> int:
         logged = str(study.user_attrs.get("mlflow_tracking_uri") or "")
         uri = existing_tracking_uri(args.tracking_uri, logged if "***" not in logged else None)
     out = args.out or Path("runs") / args.study_name
-    exported = export_study(study, out, budget)
-    print(
-        f"{len(exported['front'])} Pareto schedules in {out}/pareto/; recommended: {exported['recommended']}"
+    outcome = StudyOutcome.from_study(study, budget)
+    write_outcome(outcome, out)
+    best = outcome.recommended
+    state = (
+        "none"
+        if best is None
+        else f"trial {best.number} ({'provisional' if outcome.provisional else 'confirmed'})"
     )
+    print(f"{len(outcome.front)} Pareto schedules in {out}/pareto/; recommended: {state}")
     if args.register:
         from tuner.registry import register_trial
 
-        best = recommended_trial(study, budget)
         if best is None:
             raise ValueError(f"no trial within the loss budget {budget}: nothing to register")
         tags = {"storage": redact_url(args.storage), "max_accuracy_loss": budget}
-        version = register_trial(_client(uri), study, best, args.register, alias=args.alias, tags=tags)
+        version = register_trial(
+            _client(uri), study, outcome, best, args.register, alias=args.alias, tags=tags
+        )
         _print_version(version, args.alias)
     return 0
 

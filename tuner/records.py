@@ -1,88 +1,123 @@
-"""One typed record per trial: what the search measured, with its uncertainty and provenance.
+"""One typed record per trial, from sampling to report: the schedule it evaluated, what the search
+measured with its uncertainty, and provenance.
 
-A study writes a :class:`TrialRecord` into the trial's user attrs (key ``"record"``, plain JSON) and
-every reader (export, MLflow tracking, the confirmation stage, the held-out report) rebuilds it with
-:meth:`TrialRecord.from_trial` instead of picking string keys out of the attrs.
+A trial stores exactly one user attr, ``"record"`` (:data:`RECORD_ATTR`, plain JSON, versioned);
+Optuna keeps its own values, params and constraints beside it. Every stage after the trial (front,
+confirmation, held-out check, report, MLflow, the registry) reads :meth:`TrialRecord.from_trial` and
+nothing else. Studies made by earlier versions (loose user attrs ``percentiles``, ``revival``, a
+version-1 record without the schedule) are read by the same loader, :meth:`TrialRecord.from_trial`;
+nothing writes the old forms.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
+from lazyllm.schedule import Revival, Schedule
+from tuner.settings import ACCURACY_MODES
 from tuner.speed import SpeedMeasurement
 from tuner.stats import Estimate
 
 RECORD_ATTR = "record"
-ACCURACY_MODES = ("fidelity", "score")
-LOSS_UNITS = {"fidelity": "nats (mean KL per answer token)", "score": "score points"}
+RECORD_VERSION = 2
+
+
+def schedule_key(schedule: Schedule) -> str:
+    """What makes two schedules the same: every field but the free-form metadata."""
+    data = schedule.to_dict()
+    data.pop("metadata", None)
+    return json.dumps(data, sort_keys=True)
 
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """A finished trial.
+    """A finished trial (complete, or stopped early).
 
     Attributes:
         number: Optuna trial number.
-        percentiles: the schedule evaluated (one prune percentile per layer).
+        schedule: the schedule evaluated, revival policy (and every other field) included.
         params: the search-space parameters.
-        accuracy: ``"fidelity"`` (loss = mean KL, nats) or ``"score"`` (loss = LongBench points).
-        speedup: the speed objective (measured TTFT or FLOP model, per the study's ``speedup``).
-        loss: the accuracy objective, an :class:`~tuner.stats.Estimate` over the validation examples.
+        accuracy: the loss kind (:data:`tuner.losses.LOSSES`): ``"fidelity"`` (nats) or ``"score"``.
         flop_speedup: FLOP-model prefill speedup at the study's mean prompt length.
-        prompt_computed_pct: share of prompt (token, layer) pairs a prefill computes.
-        speed: the robust TTFT measurement (None with ``speedup="flops"``).
-        metrics: other per-trial numbers (``top1``, ``gold_delta``, ``score``, ``baseline_score``...).
+        prompt_computed_pct: share of prompt (token, layer) pairs a prefill computes, percent.
+        examples_run: validation examples evaluated.
+        loss: the accuracy loss over the validation examples (None when stopped early).
+        speedup: the speed objective (measured TTFT, whole generation, or FLOP model, per the study's
+            ``speedup``); None when stopped early.
+        speed: the robust timing behind ``speedup`` (None with ``speedup="flops"``).
+        stopped: why the trial stopped early (PRUNED), if it did.
+        metrics: other numbers (``top1``, ``gold_delta``, ``score``, ``baseline_score``...).
         per_dataset: the loss per dataset.
         per_example: the loss per example key (``dataset/record_id``), what intervals are made from.
         provenance: model, task, seed, sampler, versions, wall time.
+        duplicate_of: for studies made before duplicates were refused: the trial whose values it reused.
     """
 
     number: int
-    percentiles: tuple[float, ...]
+    schedule: Schedule
     params: dict[str, Any]
     accuracy: str
-    speedup: float
-    loss: Estimate
     flop_speedup: float
     prompt_computed_pct: float
+    examples_run: int = 0
+    loss: Estimate | None = None
+    speedup: float | None = None
     speed: SpeedMeasurement | None = None
+    stopped: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     per_dataset: dict[str, float] = field(default_factory=dict)
     per_example: dict[str, float] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    duplicate_of: int | None = None
 
     def __post_init__(self) -> None:
         if self.accuracy not in ACCURACY_MODES:
             raise ValueError(f"accuracy = {self.accuracy!r}: must be one of {', '.join(ACCURACY_MODES)}")
-        if not (math.isfinite(self.speedup) and self.speedup > 0):
-            raise ValueError(f"trial {self.number}: speedup = {self.speedup} must be finite and > 0")
-        if not self.percentiles:
-            raise ValueError(f"trial {self.number}: empty schedule")
+        if self.stopped is None:
+            if self.loss is None or self.speedup is None:
+                raise ValueError(f"trial {self.number}: a complete record needs its loss and speedup")
+            if not (math.isfinite(self.speedup) and self.speedup > 0):
+                raise ValueError(f"trial {self.number}: speedup = {self.speedup} must be finite and > 0")
+        elif self.loss is not None or self.speedup is not None:
+            raise ValueError(f"trial {self.number}: a record stopped early has no loss or speedup")
 
-    def feasible(self, budget: float) -> bool:
-        """Confidently within budget: the one-sided upper bound of the loss is at most ``budget``."""
-        return self.loss.upper <= budget
+    @property
+    def complete(self) -> bool:
+        return self.stopped is None
+
+    @property
+    def values(self) -> tuple[float, float]:
+        """The two objectives ``(speedup, loss)`` of a complete record."""
+        if self.loss is None or self.speedup is None:
+            raise ValueError(f"trial {self.number} stopped early ({self.stopped}): it has no values")
+        return self.speedup, self.loss.value
 
     def flat_metrics(self) -> dict[str, float]:
         """Every number as one flat ``name -> float`` map (MLflow metrics, tables)."""
-        out = {
-            "speedup": self.speedup,
-            "accuracy_loss": self.loss.value,
-            "accuracy_loss_se": self.loss.se,
-            "accuracy_loss_low": self.loss.low,
-            "accuracy_loss_high": self.loss.high,
-            "accuracy_loss_upper": self.loss.upper,
+        out: dict[str, float | None] = {
             "flop_speedup": self.flop_speedup,
             "prompt_computed_pct": self.prompt_computed_pct,
+            "examples_run": float(self.examples_run),
+            "wall_time_s": self.provenance.get("wall_time_s"),
             **self.metrics,
             **{f"loss.{d}": v for d, v in self.per_dataset.items()},
         }
+        if self.loss is not None and self.speedup is not None:
+            out |= {
+                "speedup": self.speedup,
+                "accuracy_loss": self.loss.value,
+                "accuracy_loss_se": self.loss.se,
+                "accuracy_loss_low": self.loss.low,
+                "accuracy_loss_high": self.loss.high,
+                "accuracy_loss_upper": self.loss.upper,
+            }
         if self.speed is not None:
-            out["measured_ttft_speedup"] = self.speed.speedup
+            out["measured_speedup"] = self.speed.speedup
             out["speed_ratio_to_flops"] = self.speed.ratio_to_flops
             out["speed_spread_baseline"] = self.speed.spread["baseline"]
             out["speed_spread_schedule"] = self.speed.spread["schedule"]
@@ -90,56 +125,127 @@ class TrialRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "version": RECORD_VERSION,
             "number": self.number,
-            "percentiles": list(self.percentiles),
+            "schedule": self.schedule.to_dict(),
             "params": self.params,
             "accuracy": self.accuracy,
-            "speedup": self.speedup,
-            "loss": self.loss.to_dict(),
             "flop_speedup": self.flop_speedup,
             "prompt_computed_pct": self.prompt_computed_pct,
+            "examples_run": self.examples_run,
+            "loss": None if self.loss is None else self.loss.to_dict(),
+            "speedup": self.speedup,
             "speed": None if self.speed is None else _speed_dict(self.speed),
+            "stopped": self.stopped,
             "metrics": self.metrics,
             "per_dataset": self.per_dataset,
             "per_example": self.per_example,
             "provenance": self.provenance,
+            "duplicate_of": self.duplicate_of,
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
-        speed = data.get("speed")
+    def from_dict(cls, data: dict[str, Any], schedule: Schedule | None = None) -> TrialRecord:
+        """A record from :meth:`to_dict`'s form; ``schedule`` stands in for version-1 records, which
+        did not hold their schedule."""
+        speed, loss = data.get("speed"), data.get("loss")
+        if schedule is None:
+            schedule = Schedule.from_dict(data["schedule"])
         return cls(
             number=int(data["number"]),
-            percentiles=tuple(float(p) for p in data["percentiles"]),
-            params=dict(data["params"]),
+            schedule=schedule,
+            params=dict(data.get("params", {})),
             accuracy=str(data["accuracy"]),
-            speedup=float(data["speedup"]),
-            loss=Estimate.from_dict(data["loss"]),
             flop_speedup=float(data["flop_speedup"]),
             prompt_computed_pct=float(data["prompt_computed_pct"]),
-            speed=None
-            if speed is None
-            else SpeedMeasurement(
-                speedup=float(speed["speedup"]),
-                flop_speedup=float(speed["flop_speedup"]),
-                baseline_s=tuple(speed["baseline_s"]),
-                schedule_s=tuple(speed["schedule_s"]),
-                remeasured=bool(speed["remeasured"]),
-                plausible=bool(speed["plausible"]),
-                bounds=(float(speed["bounds"][0]), float(speed["bounds"][1])),
-                clock=str(speed.get("clock", "wall")),  # records before the CPU clock: wall
-            ),
+            examples_run=int(data.get("examples_run", len(data.get("per_example", {})))),
+            loss=None if loss is None else Estimate.from_dict(loss),
+            speedup=None if data.get("speedup") is None else float(data["speedup"]),
+            speed=None if speed is None else _speed_from_dict(speed),
+            stopped=data.get("stopped"),
             metrics={k: float(v) for k, v in data.get("metrics", {}).items()},
             per_dataset={k: float(v) for k, v in data.get("per_dataset", {}).items()},
             per_example={k: float(v) for k, v in data.get("per_example", {}).items()},
             provenance=dict(data.get("provenance", {})),
+            duplicate_of=None if data.get("duplicate_of") is None else int(data["duplicate_of"]),
         )
 
+    def store(self, trial: Any) -> None:
+        """Write this record as the trial's one user attr."""
+        trial.set_user_attr(RECORD_ATTR, self.to_dict())
+
     @classmethod
-    def from_trial(cls, trial: FrozenTrial) -> TrialRecord | None:
-        """The record of a finished trial (None for a trial without one: pruned, failed, older study)."""
-        data = trial.user_attrs.get(RECORD_ATTR)
-        return None if data is None else cls.from_dict(data)
+    def from_trial(cls, trial: FrozenTrial, model: str = "unknown") -> TrialRecord | None:
+        """The record of a finished trial; None for a trial that never evaluated a schedule (failed,
+        surplus, refused as a duplicate, running).
+
+        The one loader of every study format: version-2 records hold their schedule; version-1
+        records (and studies older than records) kept the schedule as user attrs ``percentiles`` and
+        ``revival`` (``dynamic`` before revival was recorded) and ``model`` names its model.
+        """
+        if trial.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+            return None
+        attrs = trial.user_attrs
+        data = attrs.get(RECORD_ATTR)
+        if isinstance(data, dict) and "schedule" in data:
+            return cls.from_dict(data)
+        if "percentiles" not in attrs and not isinstance(data, dict):
+            return None
+        percentiles = data["percentiles"] if isinstance(data, dict) else attrs["percentiles"]
+        schedule = Schedule(
+            model=model,
+            percentiles=tuple(float(p) for p in percentiles),
+            revival=Revival.parse(str(attrs.get("revival", "dynamic"))),
+        )
+        duplicate = attrs.get("duplicate_of")
+        if isinstance(data, dict):
+            record = cls.from_dict(data, schedule)
+            return (
+                record
+                if duplicate is None
+                else _replace(record, number=trial.number, duplicate_of=int(duplicate))
+            )
+        return cls._from_loose_attrs(trial, schedule, None if duplicate is None else int(duplicate))
+
+    @classmethod
+    def _from_loose_attrs(
+        cls, trial: FrozenTrial, schedule: Schedule, duplicate_of: int | None
+    ) -> TrialRecord:
+        """Studies from before trial records: the values Optuna kept and the loose attrs."""
+        attrs = trial.user_attrs
+        flops = float(attrs.get("flop_speedup", trial.values[0] if trial.values else 1.0))
+        computed = float(attrs.get("prompt_computed_pct", float("nan")))
+        common: dict[str, Any] = {
+            "number": trial.number,
+            "schedule": schedule,
+            "params": dict(trial.params),
+            "accuracy": "score",
+            "flop_speedup": flops,
+            "prompt_computed_pct": computed,
+            "examples_run": int(attrs.get("examples_run", 0)),
+            "duplicate_of": duplicate_of,
+        }
+        if trial.state == TrialState.PRUNED or not trial.values:
+            return cls(**common, stopped=str(attrs.get("stopped_early") or "stopped early"))
+        interval = attrs.get("accuracy_loss_interval") or [trial.values[1], trial.values[1]]
+        upper = attrs.get("accuracy_loss_upper", trial.values[1])
+        se = attrs.get("accuracy_loss_se")
+        loss = Estimate(
+            value=float(trial.values[1]),
+            se=math.inf if se is None else float(se),
+            low=float(interval[0]),
+            high=float(interval[1]),
+            upper=float(upper),
+            level=0.9,
+            n=max(1, int(attrs.get("examples_run", 1))),
+        )
+        return cls(**common, loss=loss, speedup=float(trial.values[0]))
+
+
+def _replace(record: TrialRecord, **changes: Any) -> TrialRecord:
+    import dataclasses
+
+    return dataclasses.replace(record, **changes)
 
 
 def _speed_dict(speed: SpeedMeasurement) -> dict[str, Any]:
@@ -151,6 +257,20 @@ def _speed_dict(speed: SpeedMeasurement) -> dict[str, Any]:
         "remeasured": speed.remeasured,
         "plausible": speed.plausible,
         "bounds": list(speed.bounds),
+        "clock": speed.clock,
         "ratio_to_flops": speed.ratio_to_flops,
         "spread": speed.spread,
     }
+
+
+def _speed_from_dict(speed: dict[str, Any]) -> SpeedMeasurement:
+    return SpeedMeasurement(
+        speedup=float(speed["speedup"]),
+        flop_speedup=float(speed["flop_speedup"]),
+        baseline_s=tuple(speed["baseline_s"]),
+        schedule_s=tuple(speed["schedule_s"]),
+        remeasured=bool(speed["remeasured"]),
+        plausible=bool(speed["plausible"]),
+        bounds=(float(speed["bounds"][0]), float(speed["bounds"][1])),
+        clock=str(speed.get("clock", "wall")),  # records before the CPU clock: wall
+    )

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
 
 import lazyllm
 from lazyllm.schedule import Schedule
+from tuner.outcome import StudyOutcome
+from tuner.records import TrialRecord
 from tuner.redact import redact_text
-from tuner.results import trial_schedule
 
 MODEL_ARTIFACT = "schedule-model"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -100,10 +100,11 @@ def register_schedule(
 
 
 def register_trial(
-    client: Any, study: optuna.Study, trial: FrozenTrial, name: str, *, alias: str | None = None,
-    tags: dict[str, Any] | None = None,
+    client: Any, study: optuna.Study, outcome: StudyOutcome, record: TrialRecord, name: str, *,
+    alias: str | None = None, tags: dict[str, Any] | None = None,
 ) -> Any:  # fmt: skip
-    """Register trial ``trial`` of ``study`` (logged by :class:`tuner.tracking.Tracker`) as ``name``."""
+    """Register ``record`` of ``study`` (logged by :class:`tuner.tracking.Tracker`) as ``name``."""
+    trial = record
     parent = study.user_attrs.get("mlflow_parent_run_id")
     runs = []
     if parent:
@@ -118,5 +119,5 @@ def register_trial(
             "(was tracking off?); pass --tracking-uri of the store the study logged to"
         )
     return register_schedule(
-        client, trial_schedule(study, trial), name, run_id=runs[0].info.run_id, alias=alias, tags=tags
+        client, outcome.schedule_of(record), name, run_id=runs[0].info.run_id, alias=alias, tags=tags
     )

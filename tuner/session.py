@@ -10,7 +10,7 @@ computed. ``tuner.search`` parses flags and calls :func:`run_study`; local worke
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import statistics
 import sys
 import time
@@ -18,30 +18,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 from tqdm.auto import tqdm
 
 from lazyllm.models import load_model
-from lazyllm.schedule import Schedule
-from tuner.confirm import confirm, record_confirmation, write_confirmation
 from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator
-from tuner.heldout import heldout_check
+from tuner.outcome import StudyOutcome
+from tuner.records import TrialRecord
 from tuner.redact import redact_url
-from tuner.results import export_study
+from tuner.report.console import summary_lines
+from tuner.report.files import write_outcome
 from tuner.settings import SearchSettings
 from tuner.spaces import load_space
+from tuner.stages.confirm import confirm
+from tuner.stages.front import non_dominated, study_records
+from tuner.stages.heldout import heldout_check
+from tuner.stages.trial import DUPLICATE_ATTR, BaselineStats, TrialRunner
+from tuner.storage import finished_trials, make_storage, open_study, study_lock, warm_start
 from tuner.stores import check_storage, check_tracking_store, prepare_mlflow_store
-from tuner.study import (
-    BaselineStats,
-    StudyRunner,
-    finished_trials,
-    make_storage,
-    open_study,
-    pareto_trials,
-    study_lock,
-    warm_start,
-)
 from tuner.tracking import Tracker, check_reachable, default_tracking_uri, wanted
 from tuner.workers import run_trials, worker_device, worker_threads
 
@@ -49,8 +44,9 @@ from tuner.workers import run_trials, worker_device, worker_threads
 class Progress:
     """Optuna callback: trial k/N, its values, the current Pareto front and the time left."""
 
-    def __init__(self, target: int, timeout: float | None) -> None:
+    def __init__(self, target: int, timeout: float | None, unit: str) -> None:
         self.target = target
+        self.unit = unit
         self.timeout = timeout
         self.start = time.monotonic()
         self.durations: list[float] = []
@@ -63,14 +59,20 @@ class Progress:
         left = max(0, self.target - done) * per
         if self.timeout is not None:
             left = min(left, max(0.0, self.timeout - (time.monotonic() - self.start)))
-        if trial.values:
-            what = f"speedup {trial.values[0]:.2f}x, loss {trial.values[1]:.4g}"
+        record = TrialRecord.from_trial(trial)
+        if trial.system_attrs.get(DUPLICATE_ATTR) is not None:
+            what = f"refused: the schedule of trial {trial.system_attrs[DUPLICATE_ATTR]} (a fresh draw is queued)"
+        elif record is not None and record.complete:
+            what = f"speedup {record.values[0]:.2f}x, loss {record.values[1]:.4g} {self.unit}"
+        elif record is not None:
+            what = f"stopped early: {record.stopped}"
         elif trial.user_attrs.get("interrupted"):
             what = "interrupted (queued again: the rerun evaluates it)"
         else:
-            what = f"{trial.state.name.lower()}: {trial.user_attrs.get('stopped_early', '')}"
+            what = trial.state.name.lower()
         front = ", ".join(
-            f"#{t.number} {t.values[0]:.2f}x/{t.values[1]:.2f}" for t in pareto_trials(study)[:6]
+            f"#{r.number} {r.values[0]:.2f}x/{r.values[1]:.3g}"
+            for r in non_dominated(study_records(study))[:6]
         )
         tqdm.write(
             f"[trial {done}/{self.target}] #{trial.number} {what} | front: {front} | ~{left / 60:.1f} min left"
@@ -114,7 +116,7 @@ class Session:
     study: optuna.Study
     tracker: Tracker | None
     evaluator: Evaluator
-    runner: StudyRunner
+    runner: TrialRunner
     tracking_uri: str
     storage: optuna.storages.RDBStorage
 
@@ -125,7 +127,7 @@ class Session:
 
     def callbacks(self) -> list[Any]:
         return [
-            Progress(self.settings.n_trials, self.settings.timeout),
+            Progress(self.settings.n_trials, self.settings.timeout, self.runner.search_loss.unit),
             *([self.tracker.callback] if self.tracker else []),
         ]
 
@@ -157,7 +159,7 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
         if storage is not None:
             storage.engine.dispose()
         raise
-    runner = StudyRunner(settings, model, tokenizer, evaluator, space, baseline)
+    runner = TrialRunner(settings, model, tokenizer, evaluator, space, baseline)
     return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri, storage)
 
 
@@ -206,36 +208,43 @@ def _run_session(settings: SearchSettings, session: Session) -> int:
     if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
         _run_local_workers(settings)
     session.run_trials()
-    exported = export_study(study, settings.study_dir, settings.max_accuracy_loss)
-    print(f"\nPareto front ({len(exported['front'])} trials; speedup = {settings.speedup}):")
-    for row in exported["front"]:
-        print(f"  trial {row['trial']:>3}: speedup {row['speedup']:.2f}x, accuracy loss {row['accuracy_loss']:.4g}, "
-              f"FLOP model {row['flop_speedup']:.2f}x, {row['prompt_computed_pct']:.1f}% computed")  # fmt: skip
-    recommended = Schedule.load(exported["recommended"]) if exported["recommended"] else None
-    if settings.confirm_k > 0:
-        confirmation = confirm(study, session.runner, settings.confirm_k)
-        record_confirmation(study, confirmation)
-        exported = export_study(study, settings.study_dir, settings.max_accuracy_loss)  # the confirmed pick
-        rec_path = write_confirmation(study, confirmation, settings.study_dir)
-        exported["recommended"] = rec_path
-        recommended = Schedule.load(rec_path) if rec_path else None
-        print("\nConfirmation (task score on every validation example):")
-        for c in confirmation.candidates:
-            print(f"  trial {c.trial:>3}: {c.status}: {c.reason}")
-    if settings.heldout:
-        report = heldout_check(session.runner, recommended)
-        (settings.study_dir / "heldout.json").write_text(json.dumps(report, indent=2) + "\n")
-        print("\nHeld-out check (test split; hand-made schedule picked on validation):")
-        for r in report["rows"]:
-            print(f"  {r['schedule']}: validation {r['validation_speedup']:.2f}x / loss {r['validation_loss']:.2f} "
-                  f"(n={r['n_validation']}); test {r['test_speedup']:.2f}x / loss {r['test_loss']:.2f} "
-                  f"{r['test_loss_interval']} (score {r['test_score']:.2f} vs {r['test_baseline_score']:.2f}, n={r['n_test']})")  # fmt: skip
-        for line in report["verdicts"]:  # says when two schedules cannot be told apart
-            print(f"  {line}")
+    outcome = conclude(session)
+    files = write_outcome(outcome, settings.study_dir)  # every file once, from the outcome
+    print()
+    print("\n".join(summary_lines(outcome)))
     if tracker is not None:
-        status = tracker.end_study()  # results as artifacts, counts, FINISHED (or KILLED on timeout)
+        status = tracker.end_study(
+            outcome, files
+        )  # results as artifacts, counts, FINISHED (or KILLED on timeout)
         print(f"MLflow: parent run {tracker.parent_id} ({status}) at {redact_url(session.tracking_uri)}")
     print(f"\nresults: {settings.study_dir}/ (recommended.json, pareto/, pareto.png, keep_curves.png)")
-    if exported["recommended"]:
-        print(f"load it: Schedule.load({str(exported['recommended'])!r})")
+    best = outcome.recommended
+    if best is not None:
+        state = "provisional: not confirmed on the task score" if outcome.provisional else "confirmed"
+        print(f"load it ({state}): Schedule.load({str(settings.study_dir / 'recommended.json')!r})")
+    else:
+        print("no schedule is recommended (none was confirmed within the budget): recommended.json is absent")
     return 0
+
+
+def conclude(session: Session) -> StudyOutcome:
+    """The stages after the trials: front -> confirmation -> held-out check, gathered in one outcome."""
+    settings, study, runner = session.settings, session.study, session.runner
+    records = study_records(study, settings.model)
+    confirmation = None
+    if settings.confirm_k > 0:
+        confirmation = confirm(records, runner, settings.confirm_k, complete_trials=_complete_trials(study))
+        confirmation.store(study)  # tuner.export finds the same pick later
+    outcome = StudyOutcome.from_study(study, settings.max_accuracy_loss)
+    outcome = dataclasses.replace(outcome, search_loss=runner.search_loss, confirmation=confirmation)
+    if settings.heldout:
+        best = outcome.recommended
+        task = None
+        if confirmation is not None and confirmation.recommended is not None:
+            task = confirmation.recommended.loss
+        outcome = dataclasses.replace(outcome, heldout=heldout_check(runner, best, task))
+    return outcome
+
+
+def _complete_trials(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))

@@ -22,9 +22,8 @@ module uses ``MlflowClient`` with explicit run ids only, safe in any worker.
   sampler, seed, model, task, truncation, ``speedup_kind``), metrics (``speedup``,
   ``accuracy_loss``, score, baseline score, per-dataset scores, FLOP speedup, prompt pairs computed,
   wall time), artifact ``schedule.json``; status FINISHED, KILLED for pruned trials (tag
-  ``optuna.state=PRUNED``) or FAILED. A duplicate (Optuna user attr ``duplicate_of``) is tagged
-  ``lazyllm.duplicate_of`` (trial number) and ``lazyllm.duplicate_of_run`` (that trial's run id);
-  its ``wall_time_s`` is its own, not the original's. Failed trials that no callback saw (an
+  ``optuna.state=PRUNED``) or FAILED. A proposal refused as a duplicate never ran and gets no run
+  (nor does a surplus trial). Failed trials that no callback saw (an
   exception that ended the process, a worker whose heartbeat went stale) get their FAILED run when
   a tracker opens or ends the study.
 * **Names**: one per quantity everywhere (Optuna's metric names, MLflow metrics, ``pareto.json``,
@@ -53,11 +52,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
+from tuner.losses import loss_of
+from tuner.outcome import StudyOutcome
 from tuner.records import TrialRecord
 from tuner.redact import redact_text, redact_url
-from tuner.results import render_plots, trial_schedule
 from tuner.settings import SearchSettings
-from tuner.study import recommended_trial, schedule_of
+from tuner.workers import never_ran
 
 EXPERIMENT = "lazyllm-tuner"
 _PARENT_ATTR = "mlflow_parent_run_id"
@@ -117,11 +117,12 @@ def _ms(when: datetime | None) -> int | None:
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
-    """COMPLETE, PRUNED and FAILED trials (surplus trials, which never ran, are not counted)."""
+    """COMPLETE, PRUNED and FAILED trials (surplus trials and refused duplicates, which never ran,
+    are not counted)."""
     trials = study.get_trials(deepcopy=False)
     complete = sum(t.state == TrialState.COMPLETE for t in trials)
     pruned = sum(t.state == TrialState.PRUNED for t in trials)
-    failed = sum(t.state == TrialState.FAIL and not t.user_attrs.get("surplus") for t in trials)
+    failed = sum(t.state == TrialState.FAIL and not never_ran(t) for t in trials)
     return {
         "finished_trials": complete + pruned,
         "complete_trials": complete,
@@ -255,8 +256,9 @@ class Tracker:
             self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
         )
 
-    def end_study(self, files: list[Path] | None = None) -> str:
-        """Attach the study folder's results to the parent and end it; returns the final status.
+    def end_study(self, outcome: StudyOutcome, files: list[Path]) -> str:
+        """Attach the study's result files (written once, from ``outcome``) to the parent, log the
+        recommendation and end the run; returns the final status.
 
         FINISHED when the study holds its ``n_trials`` finished trials, else KILLED (a ``--timeout``
         stopped this run first; rerunning resumes). With ``settings.register`` the recommended
@@ -264,25 +266,26 @@ class Tracker:
         """
         from mlflow.entities import Metric
 
-        folder = self.settings.study_dir
-        if files is None and (folder / "pareto.json").exists():
-            render_plots(self.study, folder, self.settings.max_accuracy_loss)  # now with heldout.json's pick
-        paths = files if files is not None else [folder / name for name in STUDY_FILES]
         self.sync_failed()
         now = int(time.time() * 1000)
-        best = recommended_trial(self.study, self.settings.max_accuracy_loss)
+        best = outcome.recommended
         if best is not None:
             headline = {
                 "recommended.speedup": best.values[0],
                 "recommended.accuracy_loss": best.values[1],
                 "recommended.trial": best.number,
+                "recommended.provisional": float(outcome.provisional),
             }
             self.client.log_batch(
                 self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in headline.items()]
             )
-            self.study.set_user_attr("recommended_trial", best.number)
-        self.study.set_user_attr("max_accuracy_loss", self.settings.max_accuracy_loss)
-        for path in paths:
+            self.client.set_tag(
+                self.parent_id, "lazyllm.recommended", "provisional" if outcome.provisional else "confirmed"
+            )
+        self.client.set_tag(self.parent_id, "lazyllm.accuracy_loss_unit", outcome.search_loss.unit)
+        if outcome.decision:
+            self.client.set_tag(self.parent_id, "lazyllm.decision", outcome.decision[:5000])
+        for path in files:
             if path.is_dir():
                 self.client.log_artifacts(self.parent_id, str(path), artifact_path=path.name)
             elif path.exists():
@@ -290,7 +293,7 @@ class Tracker:
         if self.settings.register and best is not None:
             from tuner.registry import register_trial
 
-            version = register_trial(self.client, self.study, best, self.settings.register)
+            version = register_trial(self.client, self.study, outcome, best, self.settings.register)
             print(f"MLflow: registered {self.settings.register} version {version.version}")
         counts = trial_counts(self.study)
         if counts["finished_trials"] >= self.settings.n_trials:
@@ -317,7 +320,7 @@ class Tracker:
         from mlflow.entities import Metric, Param, RunTag
 
         state = trial.state
-        attrs = trial.user_attrs
+        record = TrialRecord.from_trial(trial, self.settings.model)
         tags = {
             "mlflow.parentRunId": self.parent_id,
             _ROLE: "trial",
@@ -327,22 +330,12 @@ class Tracker:
             "model": self.settings.model,
             "task": self.settings.task,
         }
-        if "stopped_early" in attrs:
-            tags["stopped_early"] = str(attrs["stopped_early"])[:5000]
+        if record is not None and record.stopped:
+            tags["stopped_early"] = record.stopped[:5000]
         if "fail_reason" in trial.system_attrs:
             tags["optuna.fail_reason"] = redact_text(str(trial.system_attrs["fail_reason"]))[:5000]
         if "failed_trial" in trial.system_attrs:  # a retry of a trial whose worker died
             tags["optuna.retry_of"] = str(trial.system_attrs["failed_trial"])
-        duplicate_of = attrs.get("duplicate_of")
-        if duplicate_of is not None:
-            tags["lazyllm.duplicate_of"] = str(duplicate_of)
-            original = self.trial_run_id(int(duplicate_of))
-            if original:
-                tags["lazyllm.duplicate_of_run"] = original
-            tags["mlflow.note.content"] = (
-                f"Duplicate of trial-{duplicate_of}: the same schedule, so its values were reused, "
-                "not measured again."
-            )
         start = _ms(trial.datetime_start) or int(time.time() * 1000)
         end = _ms(trial.datetime_complete) or int(time.time() * 1000)
         run = self.client.create_run(
@@ -363,48 +356,34 @@ class Tracker:
                 "speedup_kind": self.settings.speedup,
             }
         )
-        metrics: dict[str, float] = {}
-        if trial.values:
-            metrics["speedup"], metrics["accuracy_loss"] = float(trial.values[0]), float(trial.values[1])
-        for key in ("score", "baseline_score", "flop_speedup", "measured_ttft_speedup", "total_speedup",
-                    "prompt_computed_pct", "wall_time_s", "examples_run", "measured_total_speedup"):  # fmt: skip
-            if attrs.get(key) is not None:
-                metrics[key] = float(attrs[key])
-        if duplicate_of is not None:  # the copied wall time is the original's: log this trial's own
-            metrics["wall_time_s"] = (end - start) / 1000.0
-        for dataset, score in (attrs.get("dataset_scores") or {}).items():
-            metrics[f"score.{dataset}"] = float(score)
-        record = TrialRecord.from_trial(trial)  # the loss with its interval, fidelity metrics, speed evidence
+        metrics = record.flat_metrics() if record is not None else {}
+        params["accuracy_loss_unit"] = loss_of(self.settings).unit
         if record is not None:
-            metrics.update(record.flat_metrics())
+            params["schedule.revival"] = str(record.schedule.revival)
         self.client.log_batch(
             run_id,
             metrics=[Metric(k, v, end, 0) for k, v in metrics.items()],
             params=[Param(k, str(v)) for k, v in params.items()],
             tags=[RunTag("lazyllm_version", lazyllm.__version__)],
         )
-        if "percentiles" in attrs:
-            schedule = (
-                trial_schedule(self.study, trial)  # with provenance
-                if trial.values
-                else schedule_of(trial, self.settings.model)
-            )
+        if record is not None:
+            schedule = StudyOutcome.from_study(self.study, with_records=False).schedule_of(
+                record
+            )  # provenance
             with tempfile.TemporaryDirectory() as tmp:
                 self.client.log_artifact(run_id, str(schedule.save(Path(tmp) / "schedule.json")))
         self.client.set_terminated(run_id, status=_STATUS.get(state, "FAILED"), end_time=end)
         return run_id
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        """Optuna callback: log each trial that ran (not the surplus ones, which never did)."""
-        if not trial.user_attrs.get("surplus"):
+        """Optuna callback: log each trial that ran (not surplus trials or refused duplicates)."""
+        if not never_ran(trial):
             self.log_trial(trial)
 
     def sync_failed(self) -> list[str]:
         """FAILED runs for failed trials that have none yet (no callback saw them); returns their ids."""
         failed = [
-            t
-            for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-            if not t.user_attrs.get("surplus")
+            t for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if not never_ran(t)
         ]
         if not failed:
             return []

@@ -44,6 +44,19 @@ class SurplusTrial(Exception):
     """The study already has ``n_trials`` live trials before this one."""
 
 
+class DuplicateSchedule(Exception):
+    """The trial proposed a schedule the study already holds; it is refused, not counted."""
+
+
+MAX_CONSECUTIVE_DUPLICATES = 50
+"""Refused duplicate proposals in a row after which the space counts as exhausted."""
+
+
+def never_ran(trial: FrozenTrial) -> bool:
+    """A FAILED trial that evaluated nothing: surplus (one too many) or a refused duplicate."""
+    return bool(trial.user_attrs.get("surplus")) or trial.system_attrs.get("duplicate_of") is not None
+
+
 def is_surplus(study: optuna.Study, number: int, target: int) -> bool:
     """Whether ``target`` live trials with smaller numbers exist (this trial would be one too many)."""
     live = study.get_trials(deepcopy=False, states=_LIVE)
@@ -125,10 +138,12 @@ def run_trials(
     *,
     poll_s: float = 2.0,
 ) -> str:
-    """Run trials here until the study is done; returns why it stopped ("done" or "timeout")."""
+    """Run trials here until the study is done; returns why it stopped ("done", "timeout", or
+    "exhausted" when the space yields no new schedule)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
     failures = 0
+    duplicates = 0
     current: list[int] = []  # the trial id this process is running
     quiet = _QuietInterrupted()
     optimize_log = logging.getLogger("optuna.study._optimize")  # where Optuna logs failed trials
@@ -140,6 +155,9 @@ def run_trials(
         except KeyboardInterrupt:
             quiet.numbers.add(trial.number)
             trial.set_user_attr("interrupted", True)
+            raise
+        except (SurplusTrial, DuplicateSchedule):
+            quiet.numbers.add(trial.number)  # expected: the progress line says it, no traceback
             raise
 
     while True:
@@ -161,7 +179,12 @@ def run_trials(
         current.clear()
         optimize_log.addFilter(quiet)
         try:
-            study.optimize(guarded, n_trials=1, callbacks=callbacks, catch=(RuntimeError, SurplusTrial))
+            study.optimize(
+                guarded,
+                n_trials=1,
+                callbacks=callbacks,
+                catch=(RuntimeError, SurplusTrial, DuplicateSchedule),
+            )
         except KeyboardInterrupt:
             if current:
                 with _no_second_interrupt():
@@ -170,8 +193,12 @@ def run_trials(
         finally:
             optimize_log.removeFilter(quiet)
         failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-        new_failures = [t for t in failed[before:] if not t.user_attrs.get("surplus")]
+        new_failures = [t for t in failed[before:] if not never_ran(t)]
         failures = failures + 1 if new_failures else 0
+        refused = any(t.system_attrs.get("duplicate_of") is not None for t in failed[before:])
+        duplicates = duplicates + 1 if refused else 0
+        if duplicates >= MAX_CONSECUTIVE_DUPLICATES:
+            return "exhausted"  # the sampler keeps proposing schedules the study already holds
         if failures >= MAX_CONSECUTIVE_FAILURES:
             raise ValueError(
                 f"{failures} trials in a row failed (last: trial {new_failures[-1].number}); "

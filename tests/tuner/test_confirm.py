@@ -1,4 +1,4 @@
-"""tuner.confirm and tuner.records: the confirmation stage on a real (tiny) study, and the trial record."""
+"""tuner.stages.confirm and tuner.records: the confirmation stage on a real (tiny) study, and the trial record."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
-from tuner.confirm import confirm, record_confirmation, write_confirmation
+from tuner.outcome import StudyOutcome
 from tuner.records import TrialRecord
-from tuner.results import export_study
+from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
 from tuner.session import open_session
-from tuner.study import BaselineStats, recommended_trial
+from tuner.stages.confirm import Confirmation, confirm
+from tuner.stages.front import fastest_feasible, study_records
+from tuner.stages.trial import BaselineStats
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
@@ -40,7 +42,7 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
 ) -> None:
     argv = _raced(tiny_folder, tmp_path, trials=3, k=2)
     assert main(argv) == 0
-    assert "Confirmation (task score on every validation example)" in capsys.readouterr().out
+    assert "Confirmation (task score on all 4 validation examples" in capsys.readouterr().out
     d = tmp_path / "c"
     data = json.loads((d / "confirmation.json").read_text())
     # keep-all (KL 0) and the faster pruned trials form the feasible front: two candidates
@@ -57,7 +59,7 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     rows = json.loads((d / "pareto.json").read_text())
     assert all("confirmation" in r and "accuracy_loss_upper" in r for r in rows)
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
-    assert study.user_attrs["confirmation"] == data | {"complete_trials": 3}
+    assert study.user_attrs["confirmation"] == data and data["complete_trials"] == 3
     assert [r["trial"] for r in rows if r["recommended"]] == [data["recommended_trial"]]
 
     # the same study against a baseline that scored perfectly: every candidate loses 100 points
@@ -65,10 +67,12 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     session = open_session(settings, progress=False)
     perfect = tuple(dataclasses.replace(b, score=1.0) for b in session.runner.baseline.results)
     session.runner.baseline = BaselineStats.of(perfect)
-    failed = confirm(study, session.runner, 2)
+    failed = confirm(study_records(study), session.runner, 2, complete_trials=3)
     assert failed.recommended is None and {c.status for c in failed.candidates} == {"failed"}
     assert all("budget" in c.reason for c in failed.candidates)
-    assert write_confirmation(study, failed, d) is None and not (d / "recommended.json").exists()
+    outcome = dataclasses.replace(StudyOutcome.from_study(study, 2.0), confirmation=failed)
+    write_outcome(outcome, d)
+    assert not (d / "recommended.json").exists()
     rows = json.loads((d / "pareto.json").read_text())
     assert {r["confirmation"] for r in rows} <= {"failed", "not a candidate"}
     assert not any(r["recommended"] for r in rows)
@@ -81,12 +85,12 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     assert main(argv) == 0
     d = tmp_path / "c"
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
-    fastest = recommended_trial(study, 2.0)
+    fastest = StudyOutcome.from_study(study, 2.0).recommended
     assert fastest is not None
     # the same race, except that the fastest candidate failed and the next one was confirmed
     settings = parse_settings(argv)
     session = open_session(settings, progress=False)
-    race = confirm(study, session.runner, 2)
+    race = confirm(study_records(study), session.runner, 2, complete_trials=3)
     first, second = race.candidates
     assert first.trial == fastest.number and first.loss is not None
     rejected = dataclasses.replace(
@@ -96,11 +100,10 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
             dataclasses.replace(second, status="confirmed", loss=first.loss),
         ),
     )
-    record_confirmation(study, rejected)
-    export_study(study, d, 2.0)
-    assert write_confirmation(study, rejected, d) == d / "recommended.json"
+    rejected.store(study)
+    write_outcome(StudyOutcome.from_study(study, 2.0), d)  # as tuner.export does: the stored pick
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
-    picked = recommended_trial(study, 2.0)
+    picked = StudyOutcome.from_study(study, 2.0).recommended
     assert picked is not None and picked.number == second.trial != fastest.number
     rows = json.loads((d / "pareto.json").read_text())
     assert [r["trial"] for r in rows if r["recommended"]] == [second.trial]
@@ -109,8 +112,12 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     study.enqueue_trial({"n_stages": 0})
     assert main(_raced(tiny_folder, tmp_path, trials=4, k=0)) == 0
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
-    again = recommended_trial(study, 2.0)
-    assert again is not None and again.number == fastest.number
+    assert Confirmation.of_study(study) is None
+    again = StudyOutcome.from_study(study, 2.0)
+    best = fastest_feasible(again.records, again.search_loss)
+    assert again.provisional and again.recommended is not None and again.recommended == best
+    assert best is not None and best.values[0] >= fastest.values[0]
+    assert Schedule.load(d / "recommended.json").metadata["status"] == "provisional"
 
 
 def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Path) -> None:
@@ -135,14 +142,15 @@ def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Pa
         record = TrialRecord.from_trial(t)
         assert record is not None and TrialRecord.from_dict(record.to_dict()) == record
         assert record.accuracy == "fidelity" and record.loss.n == 4 and len(record.per_example) == 4
-        assert record.speed is not None and record.speed.rounds >= 2
-        assert (record.speedup, record.loss.value) == tuple(t.values)
+        assert record.speed is not None and record.speed.rounds >= 2 and record.loss is not None
+        assert record.values == tuple(t.values)
         # the constraint the samplers see is the one-sided upper bound minus the budget
         assert t.constraints["accuracy_loss"] == record.loss.upper - 0.05
-        assert record.feasible(0.05) == (t.constraints["accuracy_loss"] <= 0)
         flat = record.flat_metrics()
         assert {"accuracy_loss_upper", "accuracy_loss_low", "top1", "flop_speedup"} <= set(flat)
-    pruned = TrialRecord.from_trial(study.trials[1])
-    assert pruned is not None and pruned.loss.upper > pruned.loss.value  # so the bound is what is used
+    second = TrialRecord.from_trial(study.trials[1])
+    assert second is not None and second.loss is not None
+    assert second.loss.upper > second.loss.value  # so the bound is what is used
+    pruned = second
     with pytest.raises(ValueError, match="accuracy"):
         dataclasses.replace(pruned, accuracy="bogus")

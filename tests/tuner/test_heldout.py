@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.evaluation import ExampleResult, loss_estimate, macro_score, summarize
-from tuner.heldout import _verdict, hand_made_grid, one_stage_grid
 from tuner.search import parse_settings
+from tuner.stages.heldout import families, hand_made_grid, one_stage_grid, verdict
 
 
 def _r(dataset: str, score: float, i: int) -> ExampleResult:
@@ -21,14 +21,23 @@ def test_one_stage_grid_prunes_once_to_the_named_share() -> None:
     assert all(len([p for p in g.percentiles if p]) > 1 for g in hand_made_grid("m", 30).values())
 
 
+def test_hand_made_schedules_take_the_study_revival() -> None:
+    """Defect: the held-out check compared the tuned schedule (the study's revival, frozen by default)
+    against hand-made schedules with the default dynamic revival: not like for like."""
+    for revival in ("frozen", "budget:8", "dynamic"):
+        grids = families("m", 30, revival)
+        assert set(grids) == {"paper-style", "one-stage"}
+        assert {str(s.revival) for g in grids.values() for s in g.values()} == {revival}
+
+
 def test_verdict_says_when_two_schedules_cannot_be_told_apart() -> None:
     rec = [_r("a", s, i) for i, s in enumerate([1.0, 0.0, 1.0, 0.0, 1.0, 0.0])]
     same_ish = [_r("a", s, i) for i, s in enumerate([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])]
-    text = _verdict("recommended", "hand", rec, same_ish, 0.9)
+    text = verdict("recommended", "hand", rec, same_ish, 0.9)
     assert "cannot be told apart" in text and "n=6" in text
     worse = [_r("a", 0.0, i) for i in range(6)]
-    text = _verdict("recommended", "hand", rec, worse, 0.9)
-    assert text.startswith("recommended loses less") and "-50.00 points" in text
+    text = verdict("recommended", "hand", rec, worse, 0.9)
+    assert text.startswith("recommended loses less") and "-50.00 score points" in text
 
 
 def test_issue12_settings_flags_and_validation() -> None:

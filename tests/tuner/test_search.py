@@ -12,9 +12,11 @@ import pytest
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner.evaluation import ExampleResult
+from tuner.losses import ScoreLoss, optimistic_loss
+from tuner.records import RECORD_ATTR, TrialRecord
 from tuner.search import main, parse_settings
 from tuner.settings import SearchSettings, resolve_settings
-from tuner.study import BaselineStats, StudyRunner, optimistic_loss
+from tuner.stages.trial import BaselineStats
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
@@ -37,14 +39,15 @@ def test_study_end_to_end_and_resume(
     assert len(trials) == 2 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert trials[0].params == {"n_stages": 0}  # warm start: keep-all first, then paper-style
     assert trials[1].params["n_stages"] > 0
-    for t in trials:
-        assert {"flop_speedup", "prompt_computed_pct", "dataset_scores", "wall_time_s", "percentiles"} <= set(
-            t.user_attrs
-        )
-        assert set(t.user_attrs["dataset_loss"]) == {"hotpotqa", "trec"}  # default accuracy: fidelity (KL)
+    records = [TrialRecord.from_trial(t) for t in trials]
+    for t, r in zip(trials, records):
+        assert set(t.user_attrs) == {RECORD_ATTR}  # the one user attr a trial stores
+        assert r is not None and r.values == tuple(t.values) and r.accuracy == "fidelity"
+        assert set(r.per_dataset) == {"hotpotqa", "trec"}
         assert list(t.constraints) == ["accuracy_loss"]
+        assert r.schedule == r.schedule.with_revival("frozen")  # the study's revival, in the record
     # keep-all loses nothing: its predictions are the baseline's
-    assert trials[0].values[1] == 0.0 and trials[0].user_attrs["prompt_computed_pct"] == 100.0
+    assert records[0].values[1] == 0.0 and records[0].prompt_computed_pct == 100.0  # type: ignore[union-attr]
     recommended = Schedule.load(study_dir / "recommended.json")
     recommended.check_model(str(tiny_folder), 4)
     assert recommended.metadata["study"] == "s" and recommended.metadata["split"] == "validation"
@@ -134,28 +137,30 @@ def test_early_stop_rule_and_pruned_trials(
     tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runner = SimpleNamespace(
-        baseline=BaselineStats(results=(), scores={"a": 50.0, "b": 100.0}, counts={"a": 2, "b": 2}),
-        settings=SimpleNamespace(max_accuracy_loss=10.0),
+        baseline=BaselineStats(results=(), scores={"a": 50.0, "b": 100.0}, counts={"a": 2, "b": 2})
     )
-    assert StudyRunner.early_stop(runner, [_result("b", 0.0)]) is None  # type: ignore[arg-type]
-    reason = StudyRunner.early_stop(runner, [_result("a", 0.0), _result("a", 0.0)])  # type: ignore[arg-type]
-    assert reason is not None and "accuracy loss >= 25.00 after 2 examples" in reason
+    loss = ScoreLoss(10.0)
+    assert loss.early_stop(runner, [_result("b", 0.0)]) is None  # type: ignore[arg-type]
+    reason = loss.early_stop(runner, [_result("a", 0.0), _result("a", 0.0)])  # type: ignore[arg-type]
+    assert reason is not None and "accuracy loss >= 25.00 score points after 2 examples" in reason
 
     # a trial whose early-stop rule fires is recorded as PRUNED, with the reason and how far it got
     monkeypatch.setattr(
-        StudyRunner, "early_stop", lambda self, results: "out of budget" if len(results) >= 1 else None
+        ScoreLoss, "early_stop", lambda self, runner, results: "out of budget" if len(results) >= 1 else None
     )
     assert main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--accuracy", "score")) == 0
     trials = optuna.load_study(
         study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"
     ).get_trials()
     assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
-    assert (
-        trials[0].user_attrs["stopped_early"] == "out of budget" and trials[0].user_attrs["examples_run"] == 1
-    )
+    record = TrialRecord.from_trial(trials[0])
+    assert record is not None and record.stopped == "out of budget" and record.examples_run == 1
+    assert record.loss is None and record.schedule.percentiles == (0.0,) * 4
 
 
-def test_a_schedule_already_evaluated_is_not_run_again(tiny_folder: Path, tmp_path: Path) -> None:
+def test_a_schedule_already_evaluated_takes_no_slot(tiny_folder: Path, tmp_path: Path) -> None:
+    """A proposal that repeats an evaluated schedule is refused (not counted), and a fresh draw is
+    queued: the study still ends with n_trials distinct schedules."""
     assert (
         main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--tracking-uri", "none")) == 0
     )
@@ -165,9 +170,13 @@ def test_a_schedule_already_evaluated_is_not_run_again(tiny_folder: Path, tmp_pa
         main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout", "--tracking-uri", "none")) == 0
     )
     trials = optuna.load_study(study_name="s", storage=storage).get_trials()
-    assert trials[2].user_attrs["duplicate_of"] == 0
-    assert trials[2].values == trials[0].values and "examples_run" in trials[2].user_attrs
-    assert "duplicate_of" not in trials[1].user_attrs
+    refused = trials[2]
+    assert refused.state == optuna.trial.TrialState.FAIL and refused.system_attrs["duplicate_of"] == 0
+    assert refused.params == {"n_stages": 0} and RECORD_ATTR not in refused.user_attrs
+    done = [TrialRecord.from_trial(t) for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 3
+    keys = {json.dumps(r.schedule.to_dict()["percentiles"]) for r in done if r is not None}
+    assert len(keys) == 3  # three slots, three different schedules
 
 
 def test_total_speedup_objective_and_the_study_revival_policy(tiny_folder: Path, tmp_path: Path) -> None:
@@ -180,8 +189,11 @@ def test_total_speedup_objective_and_the_study_revival_policy(tiny_folder: Path,
     trials = [t for t in optuna.load_study(study_name="s", storage=storage).get_trials() if t.values]
     assert trials
     for t in trials:
-        assert t.values[0] == t.user_attrs["measured_total_speedup"]  # the objective is the total speedup
-        assert t.user_attrs["measured_ttft_speedup"] > 0 and t.user_attrs["revival"] == "frozen"
+        record = TrialRecord.from_trial(t)
+        assert record is not None and record.speed is not None
+        assert t.values[0] == record.speed.speedup  # the objective is the total speedup, the one timed
+        assert record.speed.plausible and record.speed.bounds == (1e-3, 1e3)  # the total's wide bounds
+        assert str(record.schedule.revival) == "frozen"
     exported = sorted((tmp_path / "s" / "pareto").glob("*.json"))
     assert exported and all(str(Schedule.load(p).revival) == "frozen" for p in exported)
     with pytest.raises(ValueError, match="revival policy = 'sometimes'"):

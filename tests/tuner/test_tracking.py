@@ -21,8 +21,10 @@ from lazyllm.schedule import Schedule
 from tests.support import assert_evaluated_once, longbench_dir, wait_for_http
 from tuner import export as export_cli
 from tuner.search import main
+from tuner.outcome import StudyOutcome
 from tuner.settings import SearchSettings
-from tuner.tracking import EXPERIMENT, Tracker, end_open_runs
+from tuner.tracking import EXPERIMENT, Tracker, end_open_runs, trial_counts
+from tuner.workers import DuplicateSchedule, never_ran
 
 
 def free_port() -> int:
@@ -105,7 +107,7 @@ def test_study_logged_to_server(tiny_folder: Path, tmp_path: Path, mlflow_server
         assert child.info.end_time == _ms(trial, "datetime_complete")
         m = child.data.metrics
         assert {"speedup", "accuracy_loss", "score", "baseline_score", "flop_speedup", "prompt_computed_pct",
-                "score.hotpotqa", "score.trec", "wall_time_s"} <= set(m)  # fmt: skip
+                "loss.hotpotqa", "loss.trec", "wall_time_s"} <= set(m)  # fmt: skip
         assert (m["speedup"], m["accuracy_loss"]) == tuple(trial.values)
         assert (
             child.data.params["search_space"] == "stages" and child.data.params["max_prompt_tokens"] == "128"
@@ -199,24 +201,20 @@ def test_failed_and_interrupted_trials_get_failed_runs(tmp_path: Path) -> None:
     assert again.client.get_run(again.parent_id).info.status == "FAILED"
 
 
-def test_duplicates_are_tagged_and_timed_on_their_own(tmp_path: Path) -> None:
+def test_refused_duplicates_get_no_run_and_runs_span_their_trials(tmp_path: Path) -> None:
     settings, study, uri = _toy(tmp_path)
     tracker = Tracker(uri, settings, study)
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
-        trial.set_user_attr("wall_time_s", 150.0)  # a duplicate copies this from the original
-        if trial.number == 1:
-            trial.set_user_attr("duplicate_of", 0)
+        if trial.number == 1:  # as TrialRunner refuses a schedule the study already holds
+            trial.storage.set_trial_system_attr(trial._trial_id, "duplicate_of", 0)
+            raise DuplicateSchedule("the schedule of trial 0")
         return 1.5, 0.0
 
-    study.optimize(objective, n_trials=2, callbacks=[tracker.callback])
+    study.optimize(objective, n_trials=3, callbacks=[tracker.callback], catch=(DuplicateSchedule,))
     runs = _children(tracker)
-    original, duplicate = runs[0], runs[1]
-    assert "lazyllm.duplicate_of" not in original.data.tags
-    assert duplicate.data.tags["lazyllm.duplicate_of"] == "0"
-    assert duplicate.data.tags["lazyllm.duplicate_of_run"] == original.info.run_id
-    assert original.data.metrics["wall_time_s"] == 150.0
-    assert duplicate.data.metrics["wall_time_s"] < 5.0  # its own, not the original's
+    assert sorted(runs) == [0, 2]  # the refused proposal never ran: no run, not a failure
+    assert trial_counts(study)["failed_trials"] == 0 and tracker.sync_failed() == []
     for number, run in runs.items():  # each run spans its trial, not the moment it was logged
         trial = study.trials[number]
         assert (run.info.start_time, run.info.end_time) == (
@@ -230,7 +228,7 @@ def test_passwords_never_reach_mlflow_or_study_attrs(tmp_path: Path) -> None:
     settings, study, uri = _toy(tmp_path, storage=f"postgresql+psycopg://lazyllm:{secret}@127.0.0.1:1/db")
     tracker = Tracker(uri, settings, study)
     study.optimize(lambda t: (1.0, 0.0), n_trials=1, callbacks=[tracker.callback])
-    tracker.end_study(files=[])
+    tracker.end_study(StudyOutcome.from_study(study), files=[])
     runs = [tracker.client.get_run(tracker.parent_id), *tracker.child_runs()]
     for run in runs:
         for value in [*run.data.params.values(), *run.data.tags.values()]:
@@ -275,7 +273,7 @@ def test_two_local_workers_share_one_study(tiny_folder: Path, tmp_path: Path) ->
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 6  # exactly the count asked for, though two workers raced for the last slots
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    assert all(t.user_attrs.get("surplus") for t in failed)  # only surplus trials may fail, never evaluated
+    assert all(never_ran(t) for t in failed)  # only surplus or refused trials may fail, never evaluated
     assert len(finished) + len(failed) == len(trials)
     assert_evaluated_once([t for t in finished if t.state == TrialState.COMPLETE])
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'tracked' / 'mlflow.db'}")

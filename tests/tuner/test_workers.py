@@ -76,7 +76,7 @@ def test_surplus_rule(tmp_path: Path) -> None:
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         calls["n"] += 1
-        if calls["n"] <= MAX_CONSECUTIVE_FAILURES + 1:  # as StudyRunner does for a trial one too many
+        if calls["n"] <= MAX_CONSECUTIVE_FAILURES + 1:  # as TrialRunner does for a trial one too many
             trial.set_user_attr("surplus", True)
             raise SurplusTrial("one too many")
         return 1.0, 0.0

@@ -1,0 +1,30 @@
+"""tuner.losses: each loss owns its unit, budget and early-stop rule; the registry lists its names."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.fidelity import ExampleDrift
+from tuner.losses import LOSSES, FidelityLoss, ScoreLoss, make_loss
+
+
+def test_each_loss_names_its_unit_in_labels_and_numbers() -> None:
+    kl, score = FidelityLoss(0.05), ScoreLoss(2.0)
+    assert (kl.unit, score.unit) == ("nats", "score points")
+    assert kl.label.endswith("(nats)") and score.label.endswith("(score points)")
+    assert kl.text(0.0312) == "0.0312 nats" and score.text(1.234) == "1.23 score points"
+    assert make_loss("fidelity", 0.1) == FidelityLoss(0.1)
+    with pytest.raises(ValueError, match="Available: fidelity, score"):
+        make_loss("bleu", 1.0)
+    assert sorted(LOSSES) == ["fidelity", "score"]
+
+
+def test_fidelity_stops_once_the_budget_cannot_be_met() -> None:
+    weights = {"a/1": 1.0, "a/2": 1.0, "b/1": 2.0}  # macro weights: a's two examples weigh one each
+    loss = FidelityLoss(0.05)
+    drift = [ExampleDrift("a", "1", 0.1, 1.0, None, 3)]
+    assert loss.early_stop(weights, 3, drift) is None  # 0.1 * 1 / 4 = 0.025 <= 0.05
+    drift.append(ExampleDrift("a", "2", 0.2, 1.0, None, 3))
+    reason = loss.early_stop(weights, 3, drift)  # 0.3 / 4 = 0.075 > 0.05 whatever b gives
+    assert reason is not None and "0.0750 nats after 2 examples" in reason and "budget 0.05 nats" in reason
+    assert loss.early_stop(weights, 2, drift) is None  # every example ran: complete, not stopped

@@ -1,0 +1,238 @@
+"""What "accuracy loss" means in a study: one object per kind, owning its unit, its budget and how it
+is measured. Every plot axis, console line, JSON field and MLflow metric that shows a loss asks the
+object for its label and budget, so a KL in nats is never drawn against a budget in score points.
+
+* :class:`FidelityLoss` (``accuracy="fidelity"``): the macro mean over the validation examples of the
+  teacher-forced KL(unpruned || pruned) per answer token (:mod:`tuner.fidelity`), in **nats**.
+* :class:`ScoreLoss` (``accuracy="score"``): the unpruned model's LongBench score minus the
+  schedule's (macro average over datasets), in **score points**.
+
+Both stop a schedule early (the trial is PRUNED) once its loss cannot come back within the budget
+whatever the remaining examples give. To add a loss: subclass :class:`Loss`, implement
+:meth:`Loss.measure`, and register it in :data:`LOSSES`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tuner.evaluation import ExampleResult, loss_estimate, summarize
+from tuner.fidelity import ExampleDrift
+from tuner.stats import Estimate, estimate
+
+if TYPE_CHECKING:
+    from lazyllm.engine import LazyLLM
+    from tuner.stages.trial import TrialRunner
+
+
+@dataclass(frozen=True)
+class LossResult:
+    """One schedule's loss on the examples it ran.
+
+    Attributes:
+        estimate: the loss with its uncertainty (None when stopped early).
+        per_example: loss per example key (``dataset/record_id``), for the examples run.
+        per_dataset: loss per dataset.
+        metrics: other numbers (``top1``, ``gold_delta``, ``score``, ``baseline_score``...).
+        stopped: why it stopped early, if it did.
+        examples_run: how many examples ran.
+    """
+
+    estimate: Estimate | None
+    per_example: dict[str, float] = field(default_factory=dict)
+    per_dataset: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    stopped: str | None = None
+    examples_run: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.estimate is None) == (self.stopped is None):
+            raise ValueError("a loss result has an estimate or a reason it stopped early, exactly one")
+
+
+@dataclass(frozen=True)
+class Loss(ABC):
+    """An accuracy loss with its unit and its budget (the largest loss a user accepts).
+
+    Args:
+        budget: in :attr:`unit`; a schedule is within budget when the one-sided upper bound of its
+            loss is at most this.
+    """
+
+    kind: ClassVar[str]
+    unit: ClassVar[str]
+    """Short unit for numbers, e.g. ``"nats"``."""
+    what: ClassVar[str]
+    """What is measured, for axis labels and help texts."""
+    digits: ClassVar[int]
+
+    budget: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.budget) and self.budget >= 0):
+            raise ValueError(
+                f"{self.kind} budget = {self.budget}: must be a finite number >= 0 ({self.unit})"
+            )
+
+    @property
+    def label(self) -> str:
+        """Axis label: ``"accuracy loss: mean KL per answer token (nats)"``."""
+        return f"accuracy loss: {self.what} ({self.unit})"
+
+    def text(self, value: float) -> str:
+        """``"0.031 nats"``."""
+        return f"{value:.{self.digits}f} {self.unit}"
+
+    def within(self, est: Estimate) -> bool:
+        """Confidently within budget: the one-sided upper bound is at most the budget."""
+        return est.upper <= self.budget
+
+    @abstractmethod
+    def measure(self, runner: TrialRunner, engine: LazyLLM, desc: str) -> LossResult:
+        """The loss of ``engine`` on ``runner``'s examples, stopping early when it cannot meet the budget."""
+
+
+@dataclass(frozen=True)
+class FidelityLoss(Loss):
+    """Teacher-forced KL(unpruned || pruned) per answer token, macro mean over datasets."""
+
+    kind: ClassVar[str] = "fidelity"
+    unit: ClassVar[str] = "nats"
+    what: ClassVar[str] = "mean KL per answer token"
+    digits: ClassVar[int] = 4
+
+    def early_stop(self, weights: dict[str, float], total: int, drifts: Sequence[ExampleDrift]) -> str | None:
+        """Stop once the macro mean KL exceeds the budget even if every remaining example had KL 0."""
+        if len(drifts) >= total:
+            return None
+        norm = sum(weights.values())
+        bound = sum(weights[f"{d.dataset}/{d.record_id}"] * d.kl for d in drifts) / norm
+        if bound > self.budget:
+            return (
+                f"mean KL >= {bound:.4f} nats after {len(drifts)} examples even if the rest had none "
+                f"(budget {self.budget:g} nats)"
+            )
+        return None
+
+    def measure(self, runner: TrialRunner, engine: LazyLLM, desc: str) -> LossResult:
+        total = len(runner.evaluator.examples)
+        drifts, reason = runner.fidelity.evaluate(
+            engine, should_stop=lambda d: self.early_stop(runner.weights, total, d), desc=desc
+        )
+        if reason:
+            return LossResult(None, stopped=reason, examples_run=len(drifts))
+        keys = [f"{d.dataset}/{d.record_id}" for d in drifts]
+        weights = [runner.weights[k] for k in keys]
+        est = estimate([d.kl for d in drifts], weights, level=runner.settings.confidence)
+        by: dict[str, list[float]] = {}
+        for d in drifts:
+            by.setdefault(d.dataset, []).append(d.kl)
+        metrics = {"kl": est.value, "top1": estimate([d.top1 for d in drifts], weights).value}
+        golds = [d.gold_delta for d in drifts if d.gold_delta is not None]
+        if len(golds) == len(drifts):
+            metrics["gold_delta"] = estimate(golds, weights).value
+        return LossResult(
+            est,
+            per_example={k: d.kl for k, d in zip(keys, drifts)},
+            per_dataset={k: statistics.fmean(v) for k, v in by.items()},
+            metrics=metrics,
+            examples_run=len(drifts),
+        )
+
+
+def optimistic_loss(
+    results: Sequence[ExampleResult], baseline_scores: dict[str, float], counts: dict[str, int]
+) -> float:
+    """Lowest score loss (points) still reachable if every example not yet run scored 1 (the maximum).
+
+    Args:
+        results: the examples run so far.
+        baseline_scores: the baseline's LongBench score (0-100) per dataset, on all the examples.
+        counts: number of examples per dataset.
+    """
+    done: dict[str, list[float]] = {}
+    for r in results:
+        done.setdefault(r.dataset, []).append(r.score)
+    best = []
+    for dataset, n in counts.items():
+        got = done.get(dataset, [])
+        best.append(100.0 * (sum(got) + (n - len(got))) / n)
+    return statistics.fmean(baseline_scores.values()) - statistics.fmean(best)
+
+
+@dataclass(frozen=True)
+class ScoreLoss(Loss):
+    """The unpruned model's LongBench score minus the schedule's, macro average over datasets."""
+
+    kind: ClassVar[str] = "score"
+    unit: ClassVar[str] = "score points"
+    what: ClassVar[str] = "LongBench score lost"
+    digits: ClassVar[int] = 2
+
+    def early_stop(self, runner: TrialRunner, results: Sequence[ExampleResult]) -> str | None:
+        base = runner.baseline
+        if len(results) >= sum(base.counts.values()):
+            return None  # all examples ran: a complete (possibly infeasible) trial, not a pruned one
+        bound = optimistic_loss(results, base.scores, base.counts)
+        if bound > self.budget:
+            return (
+                f"accuracy loss >= {bound:.2f} score points after {len(results)} examples even if the "
+                f"rest scored perfectly (budget {self.budget:g} score points)"
+            )
+        return None
+
+    def measure(self, runner: TrialRunner, engine: LazyLLM, desc: str) -> LossResult:
+        results, reason = runner.evaluator.evaluate(
+            "lazyllm",
+            engine,
+            paired_timing=False,
+            should_stop=lambda r: self.early_stop(runner, r),
+            desc=desc,
+        )
+        if reason:
+            return LossResult(None, stopped=reason, examples_run=len(results))
+        baseline = runner.baseline.results
+        summary = summarize(results, baseline)
+        est = loss_estimate(results, baseline, level=runner.settings.confidence)
+        base = {(b.dataset, b.record_id): b.score for b in baseline}
+        return LossResult(
+            est,
+            per_example={
+                f"{r.dataset}/{r.record_id}": 100.0 * (base[(r.dataset, r.record_id)] - r.score)
+                for r in results
+            },
+            per_dataset={
+                d: float(summary["baseline_dataset_scores"][d]) - float(v)
+                for d, v in summary["dataset_scores"].items()
+            },
+            metrics={"score": float(summary["score"]), "baseline_score": float(summary["baseline_score"])},
+            examples_run=len(results),
+        )
+
+
+LOSSES: dict[str, type[Loss]] = {"fidelity": FidelityLoss, "score": ScoreLoss}
+"""Loss kind -> class; ``--accuracy`` chooses among these names."""
+
+
+def make_loss(kind: str, budget: float) -> Loss:
+    """The loss named ``kind`` with ``budget`` (in its unit); an unknown name lists the valid ones."""
+    if kind not in LOSSES:
+        raise ValueError(f"accuracy = {kind!r}: unknown loss. Available: {', '.join(LOSSES)}")
+    return LOSSES[kind](budget)
+
+
+def loss_of(settings: Any) -> Loss:
+    """The search's loss for a study's settings: ``max_kl`` nats (fidelity) or ``max_accuracy_loss``
+    score points (score)."""
+    budget = settings.max_kl if settings.accuracy == "fidelity" else settings.max_accuracy_loss
+    return make_loss(settings.accuracy, budget)
+
+
+def task_loss(settings: Any) -> ScoreLoss:
+    """The user's budget in task-score points (confirmation, held-out check)."""
+    return ScoreLoss(settings.max_accuracy_loss)

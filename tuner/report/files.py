@@ -1,0 +1,155 @@
+"""A study's files, written once from its :class:`~tuner.outcome.StudyOutcome`.
+
+Layout under the study folder::
+
+    pareto/trial-<n>.json   one schedule per Pareto trial (provenance in its metadata)
+    pareto.json, pareto.csv the front: trial, speedup, accuracy_loss with its unit and interval,
+                            FLOP-model speedup, computed %, examples run, confirmation status, file
+    recommended.json        the recommendation (see tuner.outcome); absent when there is none
+    confirmation.json       the confirmation stage's evidence (when it ran)
+    heldout.json            the held-out check (when it ran)
+    pareto.png/.html        every trial, the front, the budget, the recommendation, sample counts
+    keep_curves.png/.html   percent of prompt tokens computed per layer: the recommendation (bold),
+                            the rest of the front, and the best hand-made schedules once known
+
+Every file is written under a temporary name and moved into place, so an interrupted run never
+leaves a truncated file; an export replaces the files of an earlier one.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tuner.outcome import StudyOutcome
+from tuner.report.plots import keep_curve_schedules, plot_keep_curves, plot_pareto
+
+COLUMNS = ("trial", "speedup", "speedup_kind", "accuracy_loss", "accuracy_loss_unit", "accuracy_loss_interval",
+           "accuracy_loss_upper", "flop_speedup", "prompt_computed_pct", "examples_run", "recommended",
+           "confirmation", "task_loss", "task_loss_interval", "task_loss_upper", "file")  # fmt: skip
+
+
+def _write(path: Path, text: str | bytes) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    if isinstance(text, bytes):
+        tmp.write_bytes(text)
+    else:
+        tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _json(path: Path, data: Any) -> Path:
+    return _write(path, json.dumps(data, indent=2) + "\n")
+
+
+def front_rows(outcome: StudyOutcome) -> list[dict[str, Any]]:
+    """One row per front member (the ``pareto.json`` / ``.csv`` rows), fastest first."""
+    best = outcome.recommended
+    candidates = {c.trial: c for c in outcome.confirmation.candidates} if outcome.confirmation else {}
+    rows = []
+    for r in outcome.front:
+        assert r.loss is not None
+        c = candidates.get(r.number)
+        task = c.loss if c is not None else None
+        rows.append(
+            {
+                "trial": r.number,
+                "speedup": round(r.values[0], 4),
+                "speedup_kind": outcome.identity.get("speedup", "measured"),
+                "accuracy_loss": round(r.loss.value, 4),
+                "accuracy_loss_unit": outcome.search_loss.unit,
+                "accuracy_loss_interval": [round(r.loss.low, 4), round(r.loss.high, 4)],
+                "accuracy_loss_upper": round(r.loss.upper, 4),
+                "flop_speedup": round(r.flop_speedup, 4),
+                "prompt_computed_pct": round(r.prompt_computed_pct, 2),
+                "examples_run": r.examples_run,
+                "recommended": best is not None and r.number == best.number,
+                "confirmation": c.status if c is not None else "not a candidate",
+                "task_loss": None if task is None else round(task.value, 4),
+                "task_loss_interval": None if task is None else [round(task.low, 4), round(task.high, 4)],
+                "task_loss_upper": None if task is None else round(task.upper, 4),
+                "file": f"pareto/trial-{r.number}.json",
+            }
+        )
+    return rows
+
+
+def _html(title: str, png: Path, rows: list[dict[str, Any]], note: str) -> str:
+    img = base64.b64encode(png.read_bytes()).decode()
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in (rows[0] if rows else {}))
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>{html.escape(note)}</p>"
+        f"<img src='data:image/png;base64,{img}' alt='{html.escape(title)}'/>"
+        f"<table border='1'><tr>{head}</tr>{body}</table></body></html>\n"
+    )
+
+
+def _pareto_folder(outcome: StudyOutcome, out_dir: Path) -> None:
+    """``pareto/`` replaced as a whole: built beside, then swapped in."""
+    fresh = out_dir / ".pareto.tmp"
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir()
+    for r in outcome.front:
+        outcome.schedule_of(r).save(fresh / f"trial-{r.number}.json")
+    old = out_dir / "pareto"
+    if old.exists():
+        stale = out_dir / ".pareto.old"
+        shutil.rmtree(stale, ignore_errors=True)
+        old.rename(stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    fresh.rename(old)
+
+
+def write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
+    """Write the layout above; returns the paths written (what MLflow attaches to the parent run)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = front_rows(outcome)
+    _pareto_folder(outcome, out_dir)
+    written = [out_dir / "pareto", _json(out_dir / "pareto.json", rows)]
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=list(COLUMNS))
+    writer.writeheader()
+    writer.writerows(rows)
+    written.append(_write(out_dir / "pareto.csv", table.getvalue()))
+    best = outcome.recommended
+    rec_path = out_dir / "recommended.json"
+    if best is not None:
+        written.append(_write(rec_path, outcome.schedule_of(best).to_json() + "\n"))
+    else:
+        rec_path.unlink(missing_ok=True)
+    if outcome.confirmation is not None:
+        written.append(_json(out_dir / "confirmation.json", outcome.confirmation.to_dict()))
+    if outcome.heldout is not None:
+        written.append(_json(out_dir / "heldout.json", outcome.heldout.to_dict()))
+    if outcome.complete:
+        note = outcome.sample_note()
+        schedules, emphasis = keep_curve_schedules(outcome)
+        figures = {
+            "pareto": (f"Pareto front: {outcome.study_name}", lambda p: plot_pareto(outcome, p)),
+            "keep_curves": (
+                f"Keep curves: {outcome.study_name}",
+                lambda p: plot_keep_curves(
+                    schedules, p, f"Keep curves: {outcome.study_name}\n{note}", emphasis
+                ),
+            ),
+        }
+        for name, (title, draw) in figures.items():
+            png = out_dir / f"{name}.png"
+            tmp = out_dir / f".{name}.png"  # drawn beside, then moved into place
+            draw(tmp)
+            written.append(png)
+            os.replace(tmp, png)
+            written.append(_write(out_dir / f"{name}.html", _html(title, png, rows, note)))
+    return written

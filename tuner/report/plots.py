@@ -1,0 +1,118 @@
+"""Figures of a study, from its :class:`~tuner.outcome.StudyOutcome`; each states its sample counts
+and takes its loss axis label and budget line from the study's loss object (its unit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lazyllm.schedule import Schedule
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from tuner.outcome import StudyOutcome
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_pareto(outcome: StudyOutcome, path: Path) -> None:
+    """:func:`pareto_figure` saved as a PNG at ``path``."""
+    plt = _pyplot()
+    fig = pareto_figure(outcome)
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)
+
+
+def pareto_figure(outcome: StudyOutcome) -> Figure:
+    """Every complete trial (hollow when over the search budget), the front, the budget line, the
+    recommended trial (a star), loss intervals as error bars, and the sample counts in the title."""
+    plt = _pyplot()
+    loss = outcome.search_loss
+    done = outcome.complete
+    ok = [r for r in done if r.loss is not None and loss.within(r.loss)]
+    over = [r for r in done if r not in ok]
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    ax.scatter(
+        [r.values[0] for r in ok], [r.values[1] for r in ok], c="gray", s=22, label="trials within budget"
+    )
+    if over:
+        ax.scatter([r.values[0] for r in over], [r.values[1] for r in over], facecolors="none",
+                   edgecolors="gray", s=22, label="trials over budget")  # fmt: skip
+    for r in done:
+        assert r.loss is not None
+        x, y = r.values
+        ax.errorbar(x, y, yerr=[[y - r.loss.low], [r.loss.high - y]], c="gray", lw=0.8, capsize=2)
+    front = outcome.front
+    ax.plot([r.values[0] for r in front], [r.values[1] for r in front], "o-", c="C0", label="Pareto front")
+    for r in front:
+        ax.annotate(str(r.number), r.values, textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.axhline(loss.budget, ls="--", c="C3", lw=1, label=f"budget {loss.text(loss.budget)} (upper bound)")
+    best = outcome.recommended
+    if best is not None:
+        state = "provisional" if outcome.provisional else "confirmed"
+        ax.scatter([best.values[0]], [best.values[1]], marker="*", s=260, c="C1", edgecolors="black",
+                   zorder=5, label=f"recommended ({state}): trial {best.number}")  # fmt: skip
+    kind = str(outcome.identity.get("speedup", "measured"))
+    what = {"measured": "measured TTFT", "total": "measured whole generation", "flops": "FLOP model"}
+    ax.set_xlabel(f"speedup ({what.get(kind, kind)}, x)")
+    ax.set_ylabel(loss.label)
+    ax.set_title(f"{outcome.study_name}\n{outcome.sample_note()}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def keep_curve_schedules(outcome: StudyOutcome) -> tuple[dict[str, Schedule], tuple[str, ...]]:
+    """The schedules of the keep-curve plot by label, and the labels drawn bold: the recommendation,
+    the rest of the front, and the best hand-made schedule of each family once the held-out check ran."""
+    unit = outcome.search_loss
+    schedules: dict[str, Schedule] = {}
+    emphasis: list[str] = []
+    best = outcome.recommended
+    if best is not None:
+        label = f"recommended: trial {best.number} ({best.values[0]:.2f}x, loss {unit.text(best.values[1])})"
+        schedules[label] = best.schedule
+        emphasis.append(label)
+    for r in outcome.front:
+        if best is None or r.number != best.number:
+            schedules[f"trial {r.number} ({r.values[0]:.2f}x, loss {unit.text(r.values[1])})"] = r.schedule
+    if outcome.heldout is not None:
+        for family, c in outcome.heldout.best_hand_made.items():
+            label = f"hand-made {family}: {c.name}"
+            schedules[label] = c.schedule
+            emphasis.append(label)
+    return schedules, tuple(emphasis)
+
+
+def plot_keep_curves(
+    schedules: dict[str, Schedule], path: Path, title: str = "", emphasis: tuple[str, ...] = ()
+) -> None:
+    """Share of prompt tokens computed per layer (percent); ``emphasis`` labels are drawn bold."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for label, s in schedules.items():
+        bold = label in emphasis
+        ax.step(range(s.num_layers), [100.0 * f for f in s.keep_fractions()], where="post", label=label,
+                lw=2.5 if bold else 1.0, ls="--" if label.startswith("hand-made") else "-",
+                alpha=1.0 if bold else 0.6)  # fmt: skip
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("layer")
+    ax.set_ylabel("prompt tokens computed (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title or "Keep curves", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)

@@ -1,0 +1,263 @@
+"""The held-out stage: the recommendation against the best hand-made schedules, on test.
+
+Two families of hand-made schedules a user might write:
+
+* **paper-style**: progressive pruning in equal stages from a quarter or half of the depth, keeping
+  30% or 50% of the prompt at the end (LazyLLM's own recipe);
+* **one-stage**: prune to ``K%`` of the prompt once, after layer ``L`` (FastKV's token-selective
+  propagation: full context up to a middle layer, then only the selected tokens), ``K`` in
+  10/30/50%, ``L`` a quarter or half of the depth.
+
+Like for like: every hand-made schedule takes the study's revival policy, as every trial did.
+The best of each family is picked on the *validation* examples with the search's own loss (the
+fastest by the FLOP model whose one-sided upper bound of loss is within the search budget; the
+lowest loss if none is). Then the recommendation and both picks are evaluated on the *test* split,
+which the search never saw: speedup (robust TTFT or FLOP model) and task-score loss with a paired
+bootstrap interval; each pick is compared with the recommendation on the same test examples, and
+when the interval of the difference contains 0 the report says that the two cannot be told apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lazyllm.flops import flop_speedup
+from lazyllm.schedule import Schedule
+from tuner.evaluation import Evaluator, ExampleResult, loss_estimate, macro_score
+from tuner.losses import ScoreLoss
+from tuner.records import TrialRecord
+from tuner.stages.trial import TrialRunner
+from tuner.stats import Estimate, macro_weights, paired_estimate
+
+
+def hand_made_grid(model_name: str, layers: int) -> dict[str, Schedule]:
+    """Paper-style progressive schedules a user might write by hand, by name."""
+    grid = {}
+    for start in sorted({layers // 4, layers // 2}):
+        for keep in (0.3, 0.5):
+            stages = max(1, min(4, layers - 1 - start))
+            grid[f"paper start={start} keep={keep}"] = Schedule.progressive(
+                model_name, layers, start_layer=start, final_keep=keep, stages=stages
+            )
+    return grid
+
+
+def one_stage_grid(model_name: str, layers: int) -> dict[str, Schedule]:
+    """FastKV-style one-stage schedules: keep ``K%`` of the prompt after layer ``L``.
+
+    >>> sorted(one_stage_grid("m", 8))[:2]
+    ['one-stage keep=10% after layer 2', 'one-stage keep=10% after layer 4']
+    """
+    grid = {}
+    for layer in sorted({max(0, layers // 4), max(0, layers // 2)}):
+        if layer >= layers - 1:
+            continue
+        for keep in (10, 30, 50):
+            grid[f"one-stage keep={keep}% after layer {layer}"] = Schedule.from_layers(
+                model_name, layers, {layer: 100 - keep}
+            )
+    return grid
+
+
+def families(model_name: str, layers: int, revival: str) -> dict[str, dict[str, Schedule]]:
+    """Both hand-made families, each schedule with the study's revival policy."""
+    grids = {
+        "paper-style": hand_made_grid(model_name, layers),
+        "one-stage": one_stage_grid(model_name, layers),
+    }
+    return {f: {n: s.with_revival(revival) for n, s in g.items()} for f, g in grids.items()}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A hand-made schedule as seen on validation: FLOP speedup and search loss (None: stopped early)."""
+
+    name: str
+    schedule: Schedule
+    flop_speedup: float
+    loss: Estimate | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flop_speedup": self.flop_speedup,
+            "loss": None if self.loss is None else self.loss.value,
+            "upper": None if self.loss is None else self.loss.upper,
+        }
+
+
+def pick(runner: TrialRunner, grid: dict[str, Schedule]) -> tuple[Candidate, list[Candidate]]:
+    """The fastest (FLOP model) schedule of ``grid`` whose validation loss bound is within the search's
+    budget, else the one with the lowest loss; with every candidate evaluated."""
+    seen: list[Candidate] = []
+    # fastest first: the first one within budget is the pick, so slower ones need no evaluation
+    order = sorted(grid, key=lambda n: -flop_speedup(grid[n], runner.dims, runner.prompt_tokens))
+    for name in order:
+        est = runner.search_loss.measure(runner, runner.engine(grid[name]), name).estimate
+        seen.append(
+            Candidate(name, grid[name], flop_speedup(grid[name], runner.dims, runner.prompt_tokens), est)
+        )
+        if est is not None and runner.search_loss.within(est):
+            return seen[-1], seen
+    return min(seen, key=lambda c: (c.loss.value if c.loss else float("inf"), -c.flop_speedup)), seen
+
+
+@dataclass(frozen=True)
+class HeldoutRow:
+    """One schedule on test, with what validation said of it.
+
+    Attributes:
+        label: ``recommended`` or ``best <family> (<name>)``.
+        validation_speedup: the search's speedup (recommended) or the FLOP model's (hand-made).
+        validation_loss: the search loss on validation, in the search loss's unit.
+        validation_task_loss: the task-score loss from the confirmation stage (recommended only).
+        test_speedup, test_flop_speedup: on the test split's typical prompt.
+        test_loss: task-score loss on test (score points) with its paired bootstrap interval.
+    """
+
+    label: str
+    schedule: Schedule
+    validation_speedup: float
+    validation_loss: float | None
+    validation_task_loss: Estimate | None
+    test_speedup: float
+    test_flop_speedup: float
+    test_loss: Estimate
+    test_score: float
+    test_baseline_score: float
+    n_validation: int
+    n_test: int
+
+    def to_dict(self, budget: float, unit: str) -> dict[str, Any]:
+        return {
+            "schedule": self.label,
+            "validation_speedup": round(self.validation_speedup, 3),
+            "validation_loss": None if self.validation_loss is None else round(self.validation_loss, 4),
+            "validation_loss_unit": unit,
+            "validation_task_loss": None
+            if self.validation_task_loss is None
+            else self.validation_task_loss.to_dict(),
+            "test_speedup": round(self.test_speedup, 3),
+            "test_flop_speedup": round(self.test_flop_speedup, 3),
+            "test_loss": round(self.test_loss.value, 2),
+            "test_loss_unit": ScoreLoss.unit,
+            "test_loss_interval": [round(self.test_loss.low, 2), round(self.test_loss.high, 2)],
+            "test_loss_upper": round(self.test_loss.upper, 2),
+            "test_loss_se": self.test_loss.to_dict()["se"],
+            # macro over datasets, like the loss: baseline - score = loss (to rounding)
+            "test_score": round(self.test_score, 2),
+            "test_baseline_score": round(self.test_baseline_score, 2),
+            "within_budget": self.test_loss.upper <= budget,
+            "n_validation": self.n_validation,
+            "n_test": self.n_test,
+            "percentiles": list(self.schedule.percentiles),
+            "revival": str(self.schedule.revival),
+        }
+
+
+@dataclass(frozen=True)
+class HeldoutReport:
+    """The held-out stage's outcome."""
+
+    level: float
+    budget: float
+    search_unit: str
+    best_hand_made: dict[str, Candidate]
+    hand_made_validation: dict[str, list[Candidate]]
+    rows: tuple[HeldoutRow, ...]
+    verdicts: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "budget": self.budget,
+            "budget_unit": ScoreLoss.unit,
+            "search_loss_unit": self.search_unit,
+            "hand_made_validation": {
+                f: {c.name: c.to_dict() for c in cs} for f, cs in self.hand_made_validation.items()
+            },
+            "best_hand_made": {f: c.name for f, c in self.best_hand_made.items()},
+            "rows": [r.to_dict(self.budget, self.search_unit) for r in self.rows],
+            "verdicts": list(self.verdicts),
+        }
+
+
+def verdict(label: str, other: str, rec: list[ExampleResult], hand: list[ExampleResult], level: float) -> str:
+    """One sentence comparing two schedules' test losses on the same examples."""
+    diff = paired_estimate(
+        [100.0 * r.score for r in hand], [100.0 * r.score for r in rec], macro_weights([r.dataset for r in rec]),
+        level=level,
+    )  # fmt: skip  # loss(label) - loss(other), in score points
+    span = f"({diff.level:.0%} interval {diff.low:+.2f} to {diff.high:+.2f}, n={diff.n})"
+    if diff.low <= 0.0 <= diff.high:
+        return (
+            f"{label} and {other} cannot be told apart on test accuracy: loss difference "
+            f"{diff.value:+.2f} score points {span}"
+        )
+    better = label if diff.value < 0 else other
+    return f"{better} loses less on test: loss difference ({label} - {other}) {diff.value:+.2f} score points {span}"
+
+
+def heldout_check(
+    runner: TrialRunner, recommended: TrialRecord | None, task_loss: Estimate | None = None
+) -> HeldoutReport:
+    """Best hand-made schedules (picked on validation) vs the recommendation, on test; see the module docstring."""
+    settings = runner.settings
+    best: dict[str, Candidate] = {}
+    seen: dict[str, list[Candidate]] = {}
+    for family, grid in families(settings.model, runner.num_layers, settings.revival).items():
+        best[family], seen[family] = pick(runner, grid)
+
+    test = Evaluator(
+        runner.model, runner.tokenizer, settings.with_split("test"), settings.study_dir / "cache",
+        progress=runner.evaluator.progress,
+    )  # fmt: skip
+    test_runner = runner.with_evaluator(test)
+    base_test = test.baseline_results()
+    n_val = len(runner.evaluator.examples)
+    candidates: list[tuple[str, Schedule, float, float | None, Estimate | None]] = []
+    if recommended is not None:
+        speedup, loss = recommended.values
+        candidates.append(("recommended", recommended.schedule, speedup, loss, task_loss))
+    for family, c in best.items():
+        value = None if c.loss is None else c.loss.value
+        candidates.append((f"best {family} ({c.name})", c.schedule, c.flop_speedup, value, None))
+    rows: list[HeldoutRow] = []
+    results: dict[str, list[ExampleResult]] = {}
+    for label, sched, val_speed, val_loss, val_task in candidates:
+        engine = test_runner.engine(sched)
+        res, _ = test.evaluate("lazyllm", engine, desc=f"{label} (test)", paired_timing=False)
+        results[label] = res
+        flops = flop_speedup(sched, test_runner.dims, test_runner.prompt_tokens)
+        speed = test_runner.measure_speed(engine, sched)
+        rows.append(
+            HeldoutRow(
+                label=label,
+                schedule=sched,
+                validation_speedup=val_speed,
+                validation_loss=val_loss,
+                validation_task_loss=val_task,
+                test_speedup=speed.speedup if speed is not None else flops,
+                test_flop_speedup=flops,
+                test_loss=loss_estimate(res, base_test, level=settings.confidence),
+                test_score=macro_score(res),
+                test_baseline_score=macro_score(base_test),
+                n_validation=n_val,
+                n_test=len(test.examples),
+            )
+        )
+    verdicts: tuple[str, ...] = ()
+    if "recommended" in results:
+        verdicts = tuple(
+            verdict("recommended", label, results["recommended"], results[label], settings.confidence)
+            for label, *_ in candidates[1:]
+        )
+    return HeldoutReport(
+        level=settings.confidence,
+        budget=settings.max_accuracy_loss,
+        search_unit=runner.search_loss.unit,
+        best_hand_made=best,
+        hand_made_validation=seen,
+        rows=tuple(rows),
+        verdicts=verdicts,
+    )

@@ -1,0 +1,241 @@
+"""The trial stage: one proposed schedule -> one :class:`~tuner.records.TrialRecord`.
+
+* Objectives: ``(speedup, accuracy_loss)`` with ``directions=["maximize", "minimize"]``. Speedup is
+  the robust measurement of :mod:`tuner.speed` (TTFT with ``speedup="measured"``, the whole
+  generation with ``"total"``; interleaved timings on the example of typical length, minimum per
+  side, checked against the FLOP model) or the FLOP model's (``"flops"``); only the speedup the
+  objective names is timed. The loss is the study's :class:`~tuner.losses.Loss`.
+* Constraint: the one-sided upper bound (level ``confidence``, bootstrap over examples) of the loss
+  minus the loss's budget, so "feasible" means confidently within budget. A trial stops early
+  (PRUNED, the reason in its record) once its loss cannot meet the budget.
+* A proposal that repeats a schedule the study already evaluated (or is evaluating) takes no slot:
+  the trial is refused (FAILED with system attr ``duplicate_of``, not counted towards ``n_trials``)
+  and a fresh random draw from the space is queued, so the next trial explores.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+import lazyllm
+from lazyllm.engine import LazyLLM
+from lazyllm.flops import ModelDims, flop_speedup
+from lazyllm.schedule import Schedule
+from tuner.evaluation import Evaluator, ExampleResult
+from tuner.fidelity import FidelityEvaluator
+from tuner.losses import Loss, LossResult, loss_of
+from tuner.records import TrialRecord, schedule_key
+from tuner.settings import SearchSettings
+from tuner.spaces import SearchSpace
+from tuner.speed import SpeedMeasurement, generation_timer, measure_speedup, prefill_timer, resolve_clock
+from tuner.stats import macro_weights
+from tuner.workers import DuplicateSchedule, SurplusTrial, is_surplus
+
+DUPLICATE_ATTR = "duplicate_of"
+"""System attr of a refused duplicate proposal: the trial number that holds that schedule."""
+
+
+@dataclass(frozen=True)
+class BaselineStats:
+    """The unpruned model's LongBench score (0-100) per dataset and its example counts."""
+
+    results: tuple[ExampleResult, ...]
+    scores: dict[str, float]
+    counts: dict[str, int]
+
+    @classmethod
+    def of(cls, results: list[ExampleResult] | tuple[ExampleResult, ...]) -> BaselineStats:
+        if not results:
+            raise ValueError("the baseline has no examples")
+        by: dict[str, list[float]] = {}
+        for r in results:
+            by.setdefault(r.dataset, []).append(r.score)
+        return cls(
+            results=tuple(results),
+            scores={d: 100.0 * statistics.fmean(s) for d, s in by.items()},
+            counts={d: len(s) for d, s in by.items()},
+        )
+
+
+@dataclass
+class TrialRunner:
+    """Runs the trials of one study (one per process; nothing shared between trials but the caches).
+
+    Cheap to build: the baseline is computed (or read from its cache) beforehand and passed in; the
+    fidelity reference is computed (or read) on first use.
+    """
+
+    settings: SearchSettings
+    model: Any
+    tokenizer: Any
+    evaluator: Evaluator
+    space: SearchSpace
+    baseline: BaselineStats
+    loss: Loss | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss is None:
+            self.loss = loss_of(self.settings)
+        self.num_layers = int(self.model.config.num_hidden_layers)
+        self.dims = ModelDims.from_config(self.model.config)
+        examples = self.evaluator.examples
+        self.prompt_tokens = round(statistics.fmean(len(e.input_ids) for e in examples))
+        # speed is timed on the example closest to the mean prompt length (TTFT is near-deterministic
+        # per schedule and length, so one prompt timed robustly beats many timed once)
+        self.timing_example = min(examples, key=lambda e: (abs(len(e.input_ids) - self.prompt_tokens), e.key))
+        self.weights = dict(zip((e.key for e in examples), macro_weights([e.dataset for e in examples])))
+        self.fidelity = FidelityEvaluator(
+            self.evaluator, top_k=self.settings.fidelity_top_k, gold=self.settings.fidelity_gold
+        )
+        self.baseline_engine = self.engine(Schedule.keep_all(self.settings.model, self.num_layers))
+
+    @property
+    def search_loss(self) -> Loss:
+        assert self.loss is not None  # set in __post_init__
+        return self.loss
+
+    def engine(self, schedule: Schedule) -> LazyLLM:
+        return LazyLLM(self.model, schedule, tokenizer=self.tokenizer, strict_model_name=False)
+
+    def with_evaluator(self, evaluator: Evaluator) -> TrialRunner:
+        """The same study on other examples (the held-out check's test split)."""
+        return TrialRunner(
+            self.settings, self.model, self.tokenizer, evaluator, self.space, self.baseline, self.loss
+        )
+
+    # --- the objective, as named steps ------------------------------------------------------------
+    def objective(self, trial: optuna.Trial) -> tuple[float, float]:
+        self.check_slot(trial)
+        start = time.perf_counter()
+        schedule = self.propose(trial)
+        self.refuse_duplicate(trial, schedule)
+        engine = self.engine(schedule)
+        measured = self.search_loss.measure(self, engine, f"trial {trial.number}")
+        if measured.estimate is None:
+            self.record(trial, schedule, measured, None, start).store(trial)
+            raise optuna.TrialPruned(measured.stopped)
+        speed = self.measure_speed(engine, schedule)
+        record = self.record(trial, schedule, measured, speed, start)
+        record.store(trial)
+        trial.set_constraint("accuracy_loss", measured.estimate.upper - self.search_loss.budget)
+        return record.values
+
+    def check_slot(self, trial: optuna.Trial) -> None:
+        if is_surplus(trial.study, trial.number, self.settings.n_trials):
+            trial.set_user_attr("surplus", True)
+            raise SurplusTrial(f"trial {trial.number}: the study already has {self.settings.n_trials} trials")
+
+    def propose(self, trial: optuna.Trial) -> Schedule:
+        """The space's schedule for this trial, with the study's decoding policy."""
+        return self.space.suggest(trial, self.settings.model, self.num_layers).with_revival(
+            self.settings.revival
+        )
+
+    def evaluated(self, study: optuna.Study, before: int) -> dict[str, int]:
+        """Schedule key -> trial number, for every trial numbered below ``before`` that evaluated (or
+        is evaluating) a schedule."""
+        seen: dict[str, int] = {}
+        for t in study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        ):
+            if t.number >= before or DUPLICATE_ATTR in t.system_attrs:
+                continue
+            record = TrialRecord.from_trial(t, self.settings.model)
+            if record is not None:
+                seen.setdefault(schedule_key(record.schedule), t.number)
+            elif t.state == TrialState.RUNNING and t.params:
+                try:
+                    sched = self.space.to_schedule(t.params, self.settings.model, self.num_layers)
+                except ValueError:
+                    continue
+                seen.setdefault(schedule_key(sched.with_revival(self.settings.revival)), t.number)
+        return seen
+
+    def refuse_duplicate(self, trial: optuna.Trial, schedule: Schedule) -> None:
+        """Refuse a schedule the study already holds, and queue a fresh random draw instead."""
+        earlier = self.evaluated(trial.study, trial.number).get(schedule_key(schedule))
+        if earlier is None:
+            return
+        trial.storage.set_trial_system_attr(trial._trial_id, DUPLICATE_ATTR, earlier)
+        draw = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=trial.number))
+        fresh = draw.ask()
+        self.space.suggest_params(fresh, self.num_layers)
+        trial.study.enqueue_trial(fresh.params)
+        raise DuplicateSchedule(f"trial {trial.number}: the schedule of trial {earlier}; queued a fresh draw")
+
+    def measure_speed(self, engine: LazyLLM, schedule: Schedule) -> SpeedMeasurement | None:
+        """The robust speedup the objective names (None for the FLOP model): TTFT or whole generation
+        on the timing example (see :mod:`tuner.speed`)."""
+        kind = self.settings.speedup
+        if kind == "flops":
+            return None
+        import torch
+
+        ids = torch.tensor(self.timing_example.input_ids)
+        flops = flop_speedup(schedule, self.dims, len(self.timing_example.input_ids))
+        clock = resolve_clock(self.settings.timing_clock, engine.device)
+        if kind == "measured":
+            return measure_speedup(
+                prefill_timer(self.baseline_engine, ids, clock),
+                prefill_timer(engine, ids, clock),
+                flops,
+                rounds=self.settings.timing_rounds,
+                clock=clock,
+            )
+        # the FLOP model describes the prefill only, so the plausibility check is left wide open
+        new = self.settings.new_tokens or self.timing_example.max_new_tokens
+        return measure_speedup(
+            generation_timer(self.baseline_engine, ids, new, clock),
+            generation_timer(engine, ids, new, clock),
+            flops,
+            rounds=self.settings.timing_rounds,
+            plausible=(1e-3, 1e3),
+            clock=clock,
+        )
+
+    def record(
+        self,
+        trial: optuna.Trial,
+        schedule: Schedule,
+        measured: LossResult,
+        speed: SpeedMeasurement | None,
+        start: float,
+    ) -> TrialRecord:
+        flops = flop_speedup(schedule, self.dims, self.prompt_tokens)
+        computed = (
+            100.0 * sum(schedule.keep_counts(self.prompt_tokens)) / (self.prompt_tokens * self.num_layers)
+        )
+        complete = measured.estimate is not None
+        return TrialRecord(
+            number=trial.number,
+            schedule=schedule,
+            params=dict(trial.params),
+            accuracy=self.search_loss.kind,
+            flop_speedup=flops,
+            prompt_computed_pct=computed,
+            examples_run=measured.examples_run,
+            loss=measured.estimate,
+            speedup=(speed.speedup if speed is not None else flops) if complete else None,
+            speed=speed,
+            stopped=measured.stopped,
+            metrics=measured.metrics,
+            per_dataset=measured.per_dataset,
+            per_example=measured.per_example,
+            provenance={
+                "model": self.settings.model,
+                "task": self.settings.task,
+                "sampler": self.settings.sampler,
+                "seed": self.settings.seed,
+                "speedup_kind": self.settings.speedup,
+                "timing_example": self.timing_example.key,
+                "timing_prompt_tokens": len(self.timing_example.input_ids),
+                "wall_time_s": time.perf_counter() - start,
+                "lazyllm_version": lazyllm.__version__,
+            },
+        )
