@@ -18,7 +18,7 @@ import optuna
 
 import lazyllm
 from lazyllm.schedule import Schedule
-from tuner.losses import Loss, make_loss
+from tuner.losses import Loss, search_budget
 from tuner.records import TrialRecord
 from tuner.stages.confirm import Confirmation
 from tuner.stages.front import fastest_feasible, non_dominated, study_records
@@ -59,11 +59,14 @@ class StudyOutcome:
         identity = dict(study.user_attrs.get("identity", {}))
         kind = str(identity.get("accuracy", "score"))
         budget = float(task_budget if task_budget is not None else identity.get("max_accuracy_loss", 0.0))
-        search_budget = float(identity.get("max_kl", 0.05)) if kind == "fidelity" else budget
+        max_kl = identity.get("max_kl")
+        search = search_budget(
+            kind, None if max_kl is None else float(max_kl), float(identity.get("max_accuracy_loss", budget))
+        )
         return cls(
             study_name=study.study_name,
             identity=identity,
-            search_loss=make_loss(kind, search_budget),
+            search_loss=search,
             task_budget=budget,
             records=tuple(study_records(study)) if with_records else (),
             confirmation=Confirmation.of_study(study) if with_records else None,

@@ -32,6 +32,7 @@ from tuner.report.files import write_outcome
 from tuner.settings import SearchSettings
 from tuner.spaces import load_space
 from tuner.stages.confirm import confirm
+from tuner.stages.decision import TrialTiming, explain
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.trial import DUPLICATE_ATTR, BaselineStats, TrialRunner
@@ -53,13 +54,13 @@ class Progress:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         done = finished_trials(study)
-        if trial.duration is not None:
+        record = TrialRecord.from_trial(trial)
+        if trial.duration is not None and record is not None:  # refused proposals cost nothing
             self.durations.append(trial.duration.total_seconds())
         per = statistics.median(self.durations) if self.durations else 0.0
         left = max(0, self.target - done) * per
         if self.timeout is not None:
             left = min(left, max(0.0, self.timeout - (time.monotonic() - self.start)))
-        record = TrialRecord.from_trial(trial)
         if trial.system_attrs.get(DUPLICATE_ATTR) is not None:
             what = f"refused: the schedule of trial {trial.system_attrs[DUPLICATE_ATTR]} (a fresh draw is queued)"
         elif record is not None and record.complete:
@@ -77,6 +78,9 @@ class Progress:
         tqdm.write(
             f"[trial {done}/{self.target}] #{trial.number} {what} | front: {front} | ~{left / 60:.1f} min left"
         )
+        if len(self.durations) == 1 and record is not None:  # known at minute 2, not minute 15
+            timing = TrialTiming(1, self.target, self.durations[0], self.timeout)
+            tqdm.write(f"  time: {timing.sentence()}")
 
 
 def preflight(settings: SearchSettings) -> None:
@@ -237,6 +241,8 @@ def conclude(session: Session) -> StudyOutcome:
         confirmation.store(study)  # tuner.export finds the same pick later
     outcome = StudyOutcome.from_study(study, settings.max_accuracy_loss)
     outcome = dataclasses.replace(outcome, search_loss=runner.search_loss, confirmation=confirmation)
+    timing = TrialTiming.of(study, settings.n_trials, settings.timeout)
+    outcome = dataclasses.replace(outcome, decision=explain(outcome, timing))
     if settings.heldout:
         best = outcome.recommended
         task = None

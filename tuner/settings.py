@@ -144,9 +144,13 @@ class SearchSettings(EvalSettings):
             choices=ACCURACY_MODES,
         ),
     )
-    max_kl: float = field(
-        default=0.05,
-        metadata=_help("fidelity budget during the search: mean KL per answer token, nats"),
+    max_kl: float | None = field(
+        default=None,
+        metadata=_help(
+            "fidelity cap during the search, mean KL per answer token in nats (default: derived from "
+            "--max-accuracy-loss, 0.15 nats per score point; the recommendation is certified by the "
+            "study's own calibration, see README)"
+        ),
     )
     confidence: float = field(
         default=0.9, metadata=_help("level of every interval and of the one-sided bounds in constraints")

@@ -11,12 +11,13 @@ import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
+from tuner.losses import ScoreLoss
 from tuner.outcome import StudyOutcome
 from tuner.records import TrialRecord
 from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
 from tuner.session import open_session
-from tuner.stages.confirm import Confirmation, confirm
+from tuner.stages.confirm import Confirmation, candidate_of, confirm
 from tuner.stages.front import fastest_feasible, study_records
 from tuner.stages.trial import BaselineStats
 
@@ -29,11 +30,14 @@ def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _raced(folder: Path, out: Path, *, trials: int, k: int) -> list[str]:
-    """A study whose every trial is feasible (KL budget 10), ranked by the FLOP model, then confirmed."""
+def _raced(folder: Path, out: Path, *, trials: int, k: int, accuracy: str = "score") -> list[str]:
+    """A study ranked by the FLOP model, then confirmed: a score search races its candidates on their
+    own task-score bounds; a fidelity search (every trial feasible: KL cap 10) certifies by the pooled
+    calibration."""
     return _argv(
         folder, out, "--n-trials", str(trials), "--confirm-k", str(k), "--no-heldout", "--max-kl", "10",
-        "--speedup", "flops",
+        "--speedup", "flops", "--accuracy", accuracy,
+        *(["--max-accuracy-loss", "100"] if accuracy == "fidelity" else []),
     )  # fmt: skip
 
 
@@ -45,8 +49,9 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     assert "Confirmation (task score on all 4 validation examples" in capsys.readouterr().out
     d = tmp_path / "c"
     data = json.loads((d / "confirmation.json").read_text())
-    # keep-all (KL 0) and the faster pruned trials form the feasible front: two candidates
-    assert len(data["candidates"]) == 2 and data["level"] == 0.9 and data["n_examples"] == 4
+    # the feasible front's fastest k=2 records are the candidates
+    assert 1 <= len(data["candidates"]) <= 2 and data["level"] == 0.9 and data["n_examples"] == 4
+    assert data["rule"] == "direct" and data["calibration"] is None
     statuses = [c["status"] for c in data["candidates"]]
     # racing: the first confirmed candidate ends it, every later one is skipped
     assert statuses[0] == "confirmed" and all(s == "skipped" for s in statuses[1:])
@@ -67,7 +72,10 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     session = open_session(settings, progress=False)
     perfect = tuple(dataclasses.replace(b, score=1.0) for b in session.runner.baseline.results)
     session.runner.baseline = BaselineStats.of(perfect)
-    failed = confirm(study_records(study), session.runner, 2, complete_trials=3)
+    session.runner.loss = ScoreLoss(2.0)
+    # records that do not cover every example are scored again (against the perfect baseline)
+    partial = [dataclasses.replace(r, per_example={}) for r in study_records(study)]
+    failed = confirm(partial, session.runner, 2, complete_trials=3)
     assert failed.recommended is None and {c.status for c in failed.candidates} == {"failed"}
     assert all("budget" in c.reason for c in failed.candidates)
     outcome = dataclasses.replace(StudyOutcome.from_study(study, 2.0), confirmation=failed)
@@ -81,36 +89,32 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
 def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     tiny_folder: Path, tmp_path: Path
 ) -> None:
-    argv = _raced(tiny_folder, tmp_path, trials=3, k=2)
-    assert main(argv) == 0
+    assert main(_raced(tiny_folder, tmp_path, trials=3, k=0, accuracy="fidelity")) == 0
     d = tmp_path / "c"
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
     fastest = StudyOutcome.from_study(study, 2.0).recommended
     assert fastest is not None
-    # the same race, except that the fastest candidate failed and the next one was confirmed
-    settings = parse_settings(argv)
-    session = open_session(settings, progress=False)
-    race = confirm(study_records(study), session.runner, 2, complete_trials=3)
-    first, second = race.candidates
-    assert first.trial == fastest.number and first.loss is not None
-    rejected = dataclasses.replace(
-        race,
-        candidates=(
-            dataclasses.replace(first, status="failed"),
-            dataclasses.replace(second, status="confirmed", loss=first.loss),
-        ),
+    # a confirmation in which the fastest front candidate failed and the next one was confirmed
+    first, second = StudyOutcome.from_study(study, 2.0).front[:2]
+    assert first.number == fastest.number
+    rejected = Confirmation(
+        2.0,
+        0.9,
+        (candidate_of(first, "failed", None, "over"), candidate_of(second, "confirmed", None, "ok")),
+        4,
+        3,
     )
     rejected.store(study)
     write_outcome(StudyOutcome.from_study(study, 2.0), d)  # as tuner.export does: the stored pick
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
     picked = StudyOutcome.from_study(study, 2.0).recommended
-    assert picked is not None and picked.number == second.trial != fastest.number
+    assert picked is not None and picked.number == second.number != fastest.number
     rows = json.loads((d / "pareto.json").read_text())
-    assert [r["trial"] for r in rows if r["recommended"]] == [second.trial]
-    assert Schedule.load(d / "recommended.json").metadata["trial"] == second.trial
+    assert [r["trial"] for r in rows if r["recommended"]] == [second.number]
+    assert Schedule.load(d / "recommended.json").metadata["trial"] == second.number
     # a later trial makes the confirmation stale: back to the fastest feasible until it is rerun
     study.enqueue_trial({"n_stages": 0})
-    assert main(_raced(tiny_folder, tmp_path, trials=4, k=0)) == 0
+    assert main(_raced(tiny_folder, tmp_path, trials=4, k=0, accuracy="fidelity")) == 0
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
     assert Confirmation.of_study(study) is None
     again = StudyOutcome.from_study(study, 2.0)
@@ -118,6 +122,42 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     assert again.provisional and again.recommended is not None and again.recommended == best
     assert best is not None and best.values[0] >= fastest.values[0]
     assert Schedule.load(d / "recommended.json").metadata["status"] == "provisional"
+
+
+def test_a_fidelity_search_is_certified_by_the_pooled_calibration(tiny_folder: Path, tmp_path: Path) -> None:
+    assert main(_raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity")) == 0
+    d = tmp_path / "c"
+    data = json.loads((d / "confirmation.json").read_text())
+    assert data["rule"] == "pooled" and {c["status"] for c in data["candidates"]} <= {"confirmed", "scored"}
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    outcome = StudyOutcome.from_study(study)
+    conf = outcome.confirmation
+    assert conf is not None and conf.calibration is not None
+    scored = [c for c in conf.candidates if c.loss is not None]
+    assert 1 <= len(scored) <= 2 and set(conf.calibration.trials) == {c.trial for c in scored}
+    best = outcome.recommended
+    assert best is not None and best.number == data["recommended_trial"]
+    # the pick is the fastest front schedule whose predicted bound is within budget, not past the evidence
+    for r in outcome.front:
+        _, up = conf.calibration.predicted(r.values[1])
+        ok = r.values[1] == 0 or (up <= 100 and r.values[1] <= conf.calibration.max_scored_kl)
+        if r.values[0] > best.values[0]:
+            assert not ok, r.number
+        if r.number == best.number:
+            assert ok
+    # the same evidence against a baseline that scored perfectly: every example loses 100 points, so
+    # a slope of ~100/KL points per nat puts every drifting schedule far over a 2-point budget
+    session = open_session(
+        parse_settings(_raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity")), progress=False
+    )
+    session.runner.baseline = BaselineStats.of(
+        tuple(dataclasses.replace(b, score=1.0) for b in session.runner.baseline.results)
+    )
+    session.settings.__dict__["max_accuracy_loss"] = 2.0  # frozen dataclass: a test-only override
+    strict = confirm(study_records(study), session.runner, 2, complete_trials=4)
+    assert strict.rule == "pooled" and strict.calibration is not None and strict.calibration.slope > 1000
+    rec = strict.recommended
+    assert rec is None or rec.search_loss == 0.0  # only a schedule without drift can pass
 
 
 def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Path) -> None:

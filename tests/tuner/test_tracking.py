@@ -20,8 +20,8 @@ from optuna.trial import TrialState
 from lazyllm.schedule import Schedule
 from tests.support import assert_evaluated_once, longbench_dir, wait_for_http
 from tuner import export as export_cli
-from tuner.search import main
 from tuner.outcome import StudyOutcome
+from tuner.search import main
 from tuner.settings import SearchSettings
 from tuner.tracking import EXPERIMENT, Tracker, end_open_runs, trial_counts
 from tuner.workers import DuplicateSchedule, never_ran

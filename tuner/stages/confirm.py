@@ -25,13 +25,15 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from tuner.calibration import Calibration, ScoredSchedule, fit
+from tuner.evaluation import loss_estimate
 from tuner.losses import ScoreLoss
 from tuner.records import TrialRecord
 from tuner.stages.front import feasible_front
 from tuner.stages.trial import TrialRunner
 from tuner.stats import Estimate
 
-STATUSES = ("confirmed", "failed", "skipped")
+STATUSES = ("confirmed", "failed", "skipped", "scored")
 CONFIRMATION_ATTR = "confirmation"
 """Study user attr holding the last confirmation (:meth:`Confirmation.to_dict`)."""
 
@@ -45,7 +47,8 @@ class CandidateResult:
         percentiles: its schedule's percentiles (for people reading the JSON).
         speedup: its speed objective from the search.
         search_loss: its loss from the search, in the search loss's unit.
-        status: ``confirmed``, ``failed`` or ``skipped`` (a faster candidate was confirmed).
+        status: ``confirmed``, ``failed``, ``skipped`` (a faster candidate was confirmed) or
+            ``scored`` (task-scored as evidence for the calibration, not the pick).
         loss: task-score loss (score points) on all validation examples (None when skipped or
             stopped early).
         reason: why, in words.
@@ -91,13 +94,19 @@ class CandidateResult:
 @dataclass(frozen=True)
 class Confirmation:
     """The confirmation stage's outcome: every candidate, the recommended trial (None if none passed),
-    and how many complete trials the study held when it ran (a later trial makes it stale)."""
+    and how many complete trials the study held when it ran (a later trial makes it stale).
+
+    ``rule`` says how the pick was certified: ``pooled`` (the calibration's predicted task-loss bound
+    of the schedule's KL, :mod:`tuner.calibration`) or ``direct`` (the schedule's own task-score bound).
+    """
 
     budget: float
     level: float
     candidates: tuple[CandidateResult, ...]
     n_examples: int
     complete_trials: int
+    rule: str = "direct"
+    calibration: Calibration | None = None
 
     @property
     def recommended(self) -> CandidateResult | None:
@@ -112,6 +121,8 @@ class Confirmation:
             "n_examples": self.n_examples,
             "complete_trials": self.complete_trials,
             "recommended_trial": None if rec is None else rec.trial,
+            "rule": self.rule,
+            "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "candidates": [c.to_dict() for c in self.candidates],
         }
 
@@ -123,6 +134,10 @@ class Confirmation:
             candidates=tuple(CandidateResult.from_dict(c) for c in data.get("candidates", [])),
             n_examples=int(data["n_examples"]),
             complete_trials=int(data.get("complete_trials", -1)),
+            rule=str(data.get("rule", "direct")),
+            calibration=None
+            if data.get("calibration") is None
+            else Calibration.from_dict(data["calibration"]),
         )
 
     def store(self, study: optuna.Study) -> None:
@@ -150,27 +165,30 @@ def _reusable(record: TrialRecord, n_examples: int) -> Estimate | None:
 
 
 def confirm(records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int) -> Confirmation:
-    """Race the top ``k`` feasible front records (fastest first) on the task score; see the module docstring."""
+    """The recommendation, certified on the task score: pooled for a fidelity search, direct racing
+    for a score search (see the module docstring)."""
+    if runner.search_loss.kind == "fidelity":
+        return confirm_pooled(records, runner, k, complete_trials)
+    return confirm_direct(records, runner, k, complete_trials)
+
+
+def confirm_direct(
+    records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int
+) -> Confirmation:
+    """Race the top ``k`` feasible front records (fastest first) on their own task-score bound."""
     budget = ScoreLoss(runner.settings.max_accuracy_loss)
     n = len(runner.evaluator.examples)
     out: list[CandidateResult] = []
     done = False
     for r in feasible_front(records, runner.search_loss)[:k]:
-
-        def result(status: str, loss: Estimate | None, reason: str, r: TrialRecord = r) -> CandidateResult:
-            speedup, search_loss = r.values
-            return CandidateResult(
-                r.number, r.schedule.percentiles, speedup, search_loss, status, loss, reason
-            )
-
         if done:
-            out.append(result("skipped", None, "a faster candidate was confirmed"))
+            out.append(candidate_of(r, "skipped", None, "a faster candidate was confirmed"))
             continue
         est = _reusable(r, n)
         if est is None:
             scored = budget.measure(runner, runner.engine(r.schedule), f"confirm trial {r.number}")
             if scored.estimate is None:
-                out.append(result("failed", None, str(scored.stopped)))
+                out.append(candidate_of(r, "failed", None, str(scored.stopped)))
                 continue
             est = scored.estimate
         done = budget.within(est)
@@ -178,11 +196,78 @@ def confirm(records: list[TrialRecord], runner: TrialRunner, k: int, complete_tr
             f"task-score loss {est.text()} score points; upper bound {est.upper:.2f} "
             f"{'<=' if done else '>'} budget {budget.budget:g}"
         )
-        out.append(result("confirmed" if done else "failed", est, why))
+        out.append(candidate_of(r, "confirmed" if done else "failed", est, why))
+    return Confirmation(budget.budget, runner.settings.confidence, tuple(out), n, complete_trials)
+
+
+def candidate_of(r: TrialRecord, status: str, loss: Estimate | None, reason: str) -> CandidateResult:
+    speedup, search_loss = r.values
+    return CandidateResult(r.number, r.schedule.percentiles, speedup, search_loss, status, loss, reason)
+
+
+def spread(front: list[TrialRecord], k: int) -> list[TrialRecord]:
+    """Up to ``k`` records of ``front`` (fastest first) spread evenly over it, the fastest included:
+    the calibration learns most from schedules that span the range of drift."""
+    if len(front) <= k:
+        return list(front)
+    picks = sorted({round(i * (len(front) - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+    return [front[i] for i in picks]
+
+
+def confirm_pooled(
+    records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int
+) -> Confirmation:
+    """Task-score ``k`` front schedules spread over the feasible front, fit the pooled calibration of
+    task loss on KL, and recommend the fastest front schedule whose predicted task-loss bound is
+    within the budget (no farther than the largest scored KL)."""
+    budget = ScoreLoss(runner.settings.max_accuracy_loss)
+    level = runner.settings.confidence
+    front = feasible_front(records, runner.search_loss)
+    drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
+    scored: list[ScoredSchedule] = []
+    direct: dict[int, Estimate] = {}
+    for r in spread(drifting, k):
+        results, _ = runner.evaluator.evaluate(
+            "lazyllm", runner.engine(r.schedule), paired_timing=False, desc=f"task score of trial {r.number}"
+        )
+        base = {(b.dataset, b.record_id): b.score for b in runner.baseline.results}
+        task = {
+            f"{x.dataset}/{x.record_id}": 100.0 * (base[(x.dataset, x.record_id)] - x.score) for x in results
+        }
+        scored.append(ScoredSchedule(r.number, r.per_example, task))
+        direct[r.number] = loss_estimate(results, runner.baseline.results, level=level)
+    calibration = fit(scored, runner.weights, level=level)
+    out: list[CandidateResult] = []
+    picked: TrialRecord | None = None
+    for r in front:  # fastest first
+        kl = r.values[1]
+        if kl == 0:
+            ok, why = True, "no drift (KL 0): the unpruned model's answers"
+        elif calibration is None:
+            ok, why = False, "no calibration (no scored schedule drifted)"
+        else:
+            est, up = calibration.predicted(kl)
+            ok = up <= budget.budget and kl <= calibration.max_scored_kl
+            why = (
+                f"predicted task loss {est:.2f} (upper bound {up:.2f}) score points at KL {kl:.4f} nats "
+                f"{'<=' if ok else '>'} budget {budget.budget:g}"
+            )
+            if up <= budget.budget and not kl <= calibration.max_scored_kl:
+                why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
+        status = "confirmed" if ok and picked is None else ("scored" if r.number in direct else None)
+        if ok and picked is None:
+            picked = r
+        if status is None:
+            continue
+        if r.number in direct:
+            why += f"; its own task-score loss {direct[r.number].text()} score points"
+        out.append(candidate_of(r, status, direct.get(r.number), why))
     return Confirmation(
-        budget=budget.budget,
-        level=runner.settings.confidence,
-        candidates=tuple(out),
-        n_examples=n,
-        complete_trials=complete_trials,
+        budget.budget,
+        level,
+        tuple(out),
+        len(runner.evaluator.examples),
+        complete_trials,
+        "pooled",
+        calibration,
     )

@@ -1,0 +1,58 @@
+"""tuner.calibration: the pooled slope of task loss on KL, its bound, the constraint and the power statement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tuner.calibration import ScoredSchedule, fit
+from tuner.stats import macro_weights
+
+
+def _simulate(
+    slope: float, n: int, kls: list[float], noise: float, seed: int
+) -> tuple[list[ScoredSchedule], dict[str, float]]:
+    rng = np.random.default_rng(seed)
+    keys = [f"{'ab'[i % 2]}/{i}" for i in range(n)]
+    hardness = rng.gamma(2.0, 0.5, size=n)  # some examples drift more under every schedule
+    scored = []
+    for s, k in enumerate(kls):
+        kl = k * hardness
+        task = slope * kl + rng.normal(0.0, noise, size=n)
+        scored.append(ScoredSchedule(s, dict(zip(keys, kl.tolist())), dict(zip(keys, task.tolist()))))
+    return scored, dict(zip(keys, macro_weights([k[0] for k in keys])))
+
+
+def test_slope_is_recovered_and_the_bound_covers_it_at_the_level() -> None:
+    covered = 0
+    runs = 200
+    for seed in range(runs):
+        scored, weights = _simulate(8.0, 13, [0.05, 0.1, 0.2], noise=10.0, seed=seed)
+        cal = fit(scored, weights, level=0.9, n_boot=400, seed=seed)
+        assert cal is not None and cal.slope_upper >= cal.slope
+        covered += cal.slope_upper >= 8.0
+    assert 0.84 <= covered / runs <= 0.97  # one-sided 90%: about 9 in 10 bounds lie above the truth
+    scored, weights = _simulate(8.0, 400, [0.05, 0.1, 0.2], noise=1.0, seed=1)
+    cal = fit(scored, weights, level=0.9)
+    assert cal is not None and cal.slope == pytest.approx(8.0, rel=0.05)
+
+
+def test_constraint_is_the_budget_over_the_bound_never_past_the_evidence() -> None:
+    scored, weights = _simulate(8.0, 200, [0.05, 0.1, 0.2], noise=1.0, seed=2)
+    cal = fit(scored, weights, level=0.9)
+    assert cal is not None
+    assert cal.max_kl(1.0) == pytest.approx(1.0 / cal.slope_upper)
+    assert cal.max_kl(100.0) == cal.max_scored_kl  # 100 / 8 nats would extrapolate far past 0.2
+    est, up = cal.predicted(0.1)
+    assert est == pytest.approx(cal.slope * 0.1) and up == pytest.approx(cal.slope_upper * 0.1)
+    assert cal.examples_to_certify(0.1, est - 0.01) is None  # the estimate itself is over budget
+    assert cal.examples_to_certify(0.1, up + 0.01) == cal.n_examples  # already certified
+    need = cal.examples_to_certify(0.1, (est + up) / 2)
+    assert need is not None and need == pytest.approx(4 * cal.n_examples, rel=0.01)  # half the gap: 4x n
+
+
+def test_no_drift_no_slope_and_mismatched_evidence_is_refused() -> None:
+    zero = ScoredSchedule(0, {"a/1": 0.0}, {"a/1": 0.0})
+    assert fit([zero], {"a/1": 1.0}, level=0.9) is None
+    with pytest.raises(ValueError, match="different examples"):
+        ScoredSchedule(1, {"a/1": 0.1}, {"a/2": 0.0})
