@@ -1,0 +1,181 @@
+"""How often does a recommendation rule break the budget, and how much speed does it leave behind?
+
+    python benchmarks/decision_rule.py [--rows outputs/objective_noise_512/rows.jsonl] [--resamples 500]
+
+Replays the rule that turns a study's evidence into ``recommended.json`` as a classifier, on a grid of
+schedules whose validation *and* test evidence ``benchmarks/objective_noise.py`` recorded (per example:
+teacher-forced KL and task-score loss). Each replay resamples the validation examples (bootstrap,
+within datasets) as if a study had seen another draw of them, lets the rule pick from the grid's
+validation Pareto front (FLOP speedup up, mean KL down), and scores the pick on the full test split:
+
+* (a) **error rate**: how often the pick's test task loss (point estimate, score points) exceeds the
+  budget;
+* (b) **speed kept**: the pick's FLOP speedup over the fastest grid schedule whose test loss is within
+  the budget (a replay that recommends nothing keeps 1.0x, the unpruned model's).
+
+Rules:
+
+* ``direct`` (main before the pooled calibration): a KL cap of 0.05 nats, then the 3 fastest front
+  schedules raced on their own task-score bound (one-sided 90%) against the budget;
+* ``pooled`` (tuner.stages.confirm.confirm_pooled): the exploration cap (0.15 nats per point), 3 front
+  schedules spread over the feasible front task-scored, the pooled calibration, the fastest front
+  schedule whose predicted bound is within budget and within the largest scored KL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.calibration import ScoredSchedule, fit
+from tuner.losses import KL_PER_POINT
+from tuner.stats import estimate, macro_weights
+
+Row = dict[str, Any]
+Rule = Callable[[list[Row], list[str], dict[str, float], float, int], Row | None]
+
+
+def _mean(row: Row, keys: list[str], weights: dict[str, float], signal: str) -> tuple[float, float]:
+    """Macro mean and one-sided 90% bound of ``signal`` over ``keys`` (a resample may repeat keys)."""
+    values = [row["by_key"][k][signal] for k in keys]
+    est = estimate(values, [weights[k] for k in keys], level=0.9, n_boot=300)
+    return est.value, est.upper
+
+
+def _front(rows: list[Row], keys: list[str], weights: dict[str, float], cap: float) -> list[Row]:
+    """Validation Pareto front (FLOP speedup up, KL down) of the rows whose KL bound is within ``cap``,
+    fastest first."""
+    ok = []
+    for r in rows:
+        kl, kl_up = _mean(r, keys, weights, "kl")
+        if kl_up <= cap:
+            ok.append((r, kl))
+    front = [
+        (r, kl)
+        for r, kl in ok
+        if not any(
+            o["flop_speedup"] >= r["flop_speedup"]
+            and okl <= kl
+            and (o is not r)
+            and (o["flop_speedup"], okl) != (r["flop_speedup"], kl)
+            for o, okl in ok
+        )
+    ]
+    return [r for r, _ in sorted(front, key=lambda p: (-p[0]["flop_speedup"], p[1]))]
+
+
+def direct(
+    rows: list[Row], keys: list[str], weights: dict[str, float], budget: float, seed: int
+) -> Row | None:
+    for r in _front(rows, keys, weights, cap=0.05)[:3]:
+        _, upper = _mean(r, keys, weights, "score")
+        if upper <= budget:
+            return r
+    return None
+
+
+def pooled(
+    rows: list[Row], keys: list[str], weights: dict[str, float], budget: float, seed: int
+) -> Row | None:
+    front = _front(rows, keys, weights, cap=KL_PER_POINT * budget)
+    drifting = [r for r in front if _mean(r, keys, weights, "kl")[0] > 0]
+    k = 3
+    picks = (
+        drifting
+        if len(drifting) <= k
+        else [drifting[round(i * (len(drifting) - 1) / (k - 1))] for i in range(k)]
+    )
+    # a resample repeats keys: give each draw its own key so the calibration sees the resample
+    draw = [f"{k}#{i}" for i, k in enumerate(keys)]
+    w = {d: weights[k] for d, k in zip(draw, keys)}
+    scored = [
+        ScoredSchedule(i, {d: r["by_key"][k]["kl"] for d, k in zip(draw, keys)},
+                       {d: r["by_key"][k]["score"] for d, k in zip(draw, keys)})
+        for i, r in enumerate(picks)
+    ]  # fmt: skip
+    cal = fit(scored, w, level=0.9, n_boot=300, seed=seed)
+    for r in front:
+        kl = _mean(r, keys, weights, "kl")[0]
+        if kl == 0:
+            return r
+        if cal is not None and cal.predicted(kl)[1] <= budget and kl <= cal.max_scored_kl:
+            return r
+    return None
+
+
+RULES: dict[str, Rule] = {"direct (main before)": direct, "pooled (new)": pooled}
+
+
+def replay(rows: list[Row], budget: float, resamples: int) -> list[dict[str, Any]]:
+    for r in rows:
+        r["by_key"] = {e["key"]: e for e in r["examples"] if e["split"] == "validation"}
+        test = [e for e in r["examples"] if e["split"] == "test"]
+        r["test_loss"] = estimate(
+            [e["score"] for e in test], macro_weights([e["dataset"] for e in test])
+        ).value
+    val = sorted(rows[0]["by_key"])
+    datasets = {k: rows[0]["by_key"][k]["dataset"] for k in val}
+    weights = dict(zip(val, macro_weights([datasets[k] for k in val])))
+    best_ok = max((r["flop_speedup"] for r in rows if r["test_loss"] <= budget), default=1.0)
+    rng = np.random.default_rng(0)
+    by_ds: dict[str, list[str]] = {}
+    for k in val:
+        by_ds.setdefault(datasets[k], []).append(k)
+    out = []
+    for name, rule in RULES.items():
+        errors, kept, none, picks = 0, [], 0, []
+        for i in range(resamples):
+            keys = [str(k) for ks in by_ds.values() for k in rng.choice(ks, size=len(ks), replace=True)]
+            pick = rule(rows, keys, weights, budget, i)
+            if pick is None:
+                none += 1
+                kept.append(1.0 / best_ok)
+                continue
+            picks.append(pick["schedule"])
+            errors += pick["test_loss"] > budget
+            kept.append(pick["flop_speedup"] / best_ok)
+        common = max(set(picks), key=picks.count) if picks else "-"
+        out.append({
+            "rule": name, "resamples": resamples, "error_rate": errors / resamples,
+            "speed_kept_mean": statistics.fmean(kept), "no_pick": none / resamples,
+            "most_common_pick": common, "best_within_budget_on_test": best_ok,
+        })  # fmt: skip
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--rows", default="outputs/objective_noise_512/rows.jsonl")
+    p.add_argument("--budget", type=float, default=2.0, help="task-score points")
+    p.add_argument("--resamples", type=int, default=500)
+    args = p.parse_args()
+    rows = [json.loads(line) for line in Path(args.rows).read_text().splitlines() if line]
+    n_val = sum(e["split"] == "validation" for e in rows[0]["examples"])
+    n_test = len(rows[0]["examples"]) - n_val
+    print(
+        f"{len(rows)} schedules, {n_val} validation / {n_test} test examples, budget {args.budget} score points"
+    )
+    print(
+        "| rule | (a) test loss over budget | (b) speed kept vs best within budget on test | no pick | most common pick |"
+    )
+    print("|---|---|---|---|---|")
+    results = replay(rows, args.budget, args.resamples)
+    for r in results:
+        print(
+            f"| {r['rule']} | {r['error_rate']:.1%} | {r['speed_kept_mean']:.2f} | {r['no_pick']:.1%} | {r['most_common_pick']} |"
+        )
+    print(
+        f"best schedule within budget on test: {results[0]['best_within_budget_on_test']:.2f}x FLOP speedup"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
