@@ -64,9 +64,6 @@ _PARENT_ATTR = "mlflow_parent_run_id"
 _ROLE = "lazyllm.role"
 _STUDY = "lazyllm.study"
 _REASON = "lazyllm.end_reason"
-# the files of the study folder that end up on the parent run (folders keep their name)
-STUDY_FILES = ("pareto.json", "pareto.csv", "pareto.png", "pareto.html", "keep_curves.png",
-               "keep_curves.html", "recommended.json", "heldout.json", "confirmation.json", "pareto")  # fmt: skip
 _STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED"}
 
 

@@ -10,11 +10,12 @@ import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import hand_record
+from tuner.calibration import Calibration
 from tuner.losses import FidelityLoss, ScoreLoss
 from tuner.outcome import StudyOutcome
 from tuner.report.console import summary_lines
 from tuner.report.files import write_outcome
-from tuner.report.plots import keep_curve_schedules, pareto_figure
+from tuner.report.plots import calibration_figure, keep_curve_schedules, pareto_figure
 from tuner.stages.confirm import CandidateResult, Confirmation
 from tuner.stages.heldout import Candidate, HeldoutReport, HeldoutRow
 from tuner.stats import Estimate
@@ -116,6 +117,29 @@ def test_files_are_written_once_from_the_outcome(tmp_path: Path) -> None:
     heldout = json.loads((tmp_path / "heldout.json").read_text())
     assert heldout["best_hand_made"] == {"paper-style": "paper start=1 keep=0.3"}
     assert {r["validation_loss_unit"] for r in heldout["rows"]} == {"nats"}
+
+
+def test_calibration_plot_shows_points_fit_bound_and_budget(tmp_path: Path) -> None:
+    cal = Calibration(8.0, 12.0, 0.9, 13, (1, 2), 0.2, ((1, 0.02, 0.1), (2, 0.2, 1.7)))
+    cands = tuple(
+        CandidateResult(t, (0.0,), 1.5, kl, "scored", _est(loss), "why") for t, kl, loss in cal.points
+    )
+    outcome = _outcome(confirmation=Confirmation(2.0, 0.9, cands, 13, 3, "pooled", cal))
+    fig = calibration_figure(outcome)
+    assert fig is not None
+    ax = fig.axes[0]
+    assert (
+        ax.get_xlabel() == "mean KL per answer token (nats)"
+        and ax.get_ylabel() == "task-score loss (score points)"
+    )
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert lines["pooled fit: 8.0 points per nat"].get_ydata()[1] == pytest.approx(8.0 * 0.2 * 1.15)
+    assert tuple(lines["budget 2 score points"].get_ydata()) == (2.0, 2.0)
+    assert tuple(lines["KL cap 0.1667 nats"].get_xdata()) == pytest.approx((2.0 / 12.0,) * 2)
+    assert "2 schedules x n = 13" in ax.get_title()
+    written = {p.name for p in write_outcome(outcome, tmp_path)}
+    assert {"calibration.png", "calibration.html"} <= written
+    assert "calibration.png" not in {p.name for p in write_outcome(_outcome(), tmp_path / "plain")}
 
 
 def test_recommendation_is_confirmed_provisional_or_absent(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ Layout under the study folder::
     confirmation.json       the confirmation stage's evidence (when it ran)
     heldout.json            the held-out check (when it ran)
     pareto.png/.html        every trial, the front, the budget, the recommendation, sample counts
+    calibration.png/.html   task loss against KL of the scored schedules, the pooled fit and its bound
     keep_curves.png/.html   percent of prompt tokens computed per layer: the recommendation (bold),
                             the rest of the front, and the best hand-made schedules once known
 
@@ -29,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from tuner.outcome import StudyOutcome
-from tuner.report.plots import keep_curve_schedules, plot_keep_curves, plot_pareto
+from tuner.report.plots import (
+    calibration_figure,
+    keep_curve_schedules,
+    plot_keep_curves,
+    plot_pareto,
+    save_figure,
+)
 
 COLUMNS = ("trial", "speedup", "speedup_kind", "accuracy_loss", "accuracy_loss_unit", "accuracy_loss_interval",
            "accuracy_loss_upper", "flop_speedup", "prompt_computed_pct", "examples_run", "recommended",
@@ -145,6 +152,12 @@ def write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
                 ),
             ),
         }
+        calibration = calibration_figure(outcome)
+        if calibration is not None:
+            figures["calibration"] = (
+                f"Calibration: {outcome.study_name}",
+                lambda p: save_figure(calibration, p),
+            )
         for name, (title, draw) in figures.items():
             png = out_dir / f"{name}.png"
             tmp = out_dir / f".{name}.png"  # drawn beside, then moved into place

@@ -23,12 +23,15 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
+def save_figure(fig: Figure, path: Path) -> None:
+    """``fig`` as a PNG at ``path``, then closed."""
+    fig.savefig(path, dpi=120, format="png")
+    _pyplot().close(fig)
+
+
 def plot_pareto(outcome: StudyOutcome, path: Path) -> None:
     """:func:`pareto_figure` saved as a PNG at ``path``."""
-    plt = _pyplot()
-    fig = pareto_figure(outcome)
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    save_figure(pareto_figure(outcome), path)
 
 
 def pareto_figure(outcome: StudyOutcome) -> Figure:
@@ -116,3 +119,41 @@ def plot_keep_curves(
     fig.tight_layout()
     fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
+
+
+def calibration_figure(outcome: StudyOutcome) -> Figure | None:
+    """Each task-scored schedule's mean KL against its task-score loss (with its interval), the
+    pooled fit, its one-sided bound, the budget and the KL cap it implies; None without a calibration."""
+    conf = outcome.confirmation
+    if conf is None or conf.calibration is None:
+        return None
+    cal = conf.calibration
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for c in conf.candidates:
+        if c.loss is None:
+            continue
+        ax.errorbar(c.search_loss, c.loss.value, yerr=[[c.loss.value - c.loss.low], [c.loss.high - c.loss.value]],
+                    fmt="o", c="C0", capsize=3)  # fmt: skip
+        ax.annotate(
+            str(c.trial), (c.search_loss, c.loss.value), textcoords="offset points", xytext=(4, 4), fontsize=8
+        )
+    top = max([cal.max_scored_kl, *(p[1] for p in cal.points)]) * 1.15 or 1.0
+    xs = [0.0, top]
+    ax.plot(xs, [cal.slope * x for x in xs], c="C0", label=f"pooled fit: {cal.slope:.1f} points per nat")
+    ax.plot(xs, [cal.slope_upper * x for x in xs], c="C0", ls=":",
+            label=f"{cal.level:.0%} upper bound: {cal.slope_upper:.1f} points per nat")  # fmt: skip
+    ax.axhline(conf.budget, ls="--", c="C3", lw=1, label=f"budget {conf.budget:g} score points")
+    ax.axvline(
+        cal.max_kl(conf.budget), ls="--", c="gray", lw=1, label=f"KL cap {cal.max_kl(conf.budget):.4f} nats"
+    )
+    ax.set_xlabel(f"{outcome.search_loss.what} ({outcome.search_loss.unit})")
+    ax.set_ylabel("task-score loss (score points)")
+    ax.set_title(
+        f"Calibration: {outcome.study_name}\n{len(cal.trials)} schedules x n = {cal.n_examples} validation examples",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
