@@ -33,7 +33,7 @@ def summary_lines(outcome: StudyOutcome) -> list[str]:
             task = (
                 ""
                 if row.validation_task_loss is None
-                else f", task loss {row.validation_task_loss.text()} points"
+                else f", task loss {row.validation_task_loss.text()} score points"
             )
             out.append(
                 f"  {row.label}: validation {row.validation_speedup:.2f}x / {loss.what} {val}{task} "
