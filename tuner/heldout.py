@@ -130,7 +130,7 @@ def heldout_check(runner: StudyRunner, recommended: Schedule | None) -> dict[str
     results: dict[str, list[ExampleResult]] = {}
     for label, sched in candidates:
         engine = LazyLLM(model, sched, tokenizer=tokenizer, strict_model_name=False)
-        res, _ = test.evaluate("lazyllm", engine, desc=f"{label} (test)", paired_timing=False)
+        res, _ = test.evaluate("lazyllm", engine, desc=f"{label} (test)")
         results[label] = res
         est = loss_estimate(res, base_test, level=settings.confidence)
         flops = flop_speedup(sched, test_runner.dims, test_runner.prompt_tokens)
