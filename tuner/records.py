@@ -13,11 +13,11 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
+from tuner.settings import ACCURACY_MODES
 from tuner.speed import SpeedMeasurement
 from tuner.stats import Estimate
 
 RECORD_ATTR = "record"
-ACCURACY_MODES = ("fidelity", "score")
 LOSS_UNITS = {"fidelity": "nats (mean KL per answer token)", "score": "score points"}
 
 

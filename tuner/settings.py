@@ -32,10 +32,13 @@ from lazyllm.schedule import Revival
 from tuner.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task
 from tuner.samplers import check_sampler, sampler_names
 from tuner.speed import CLOCKS
+from tuner.strict_yaml import load_strict
 
 STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
 SPEEDUP_MODES = ("measured", "total", "flops")
 ACCURACY_MODES = ("fidelity", "score")
+"""What a study minimises: teacher-forced KL to the unpruned model, or the task score (one definition;
+:mod:`tuner.records` validates a trial's accuracy mode against it)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -361,9 +364,9 @@ def load_preset(name_or_path: str, cls: type[EvalSettings] = SearchSettings) -> 
             f"Unknown preset {name_or_path!r}. Available: {', '.join(available)} (or a YAML path)"
         )
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_strict(path.read_text()) or {}  # a key given twice is an error, as in a search space
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ValueError(f"preset {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"preset {path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"preset {path} must be a mapping of setting: value")
     known = set().union(*(_field_names(c) for c in _PRESET_CLASSES))
