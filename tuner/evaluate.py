@@ -11,8 +11,9 @@ bootstrap interval (:func:`tuner.evaluation.loss_estimate`, the one bootstrap of
 Speedups are measured as the search measures them (:mod:`tuner.speed`, see
 :meth:`tuner.evaluation.Evaluator.measure_speed`): per category, on its example of median prompt
 length, ``--timing-rounds`` interleaved rounds, minimum per side, on ``--timing-clock`` (``auto``: the
-CPU thread clock on a CPU); the report names the clock and the rounds. Written as markdown, CSV and PNG under ``--output``,
-with per-example JSONL and a summary JSON per method (reruns overwrite). The default ``--output`` is
+CPU thread clock on a CPU); the report names the clock and the rounds.
+
+Written as markdown, CSV and PNG under ``--output``, with per-example JSONL and a summary JSON per method (reruns overwrite). The default ``--output`` is
 ``outputs/evaluate/<model>-<task>-<split>``, so evaluations of different tasks never overwrite each other.
 
 Method knobs: ``--method-options gemfilter.k=0.3,tsp.layer=14`` (validated before the model loads).
@@ -28,7 +29,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lazyllm.cli import cli_main
 from lazyllm.flops import ModelDims
@@ -48,12 +49,15 @@ COMPUTE_MATCHED = frozenset({"random", "static", "compression"})
 their measured speedup is checked against is the schedule's."""
 
 
-def _categories(examples: Sequence[Example]) -> dict[str, list[Example]]:
-    """Examples per category, then ``"all"``."""
-    groups: dict[str, list[Example]] = {}
-    for ex in examples:
-        groups.setdefault(DATASETS[ex.dataset].category, []).append(ex)
-    groups["all"] = list(examples)
+Item = TypeVar("Item", Example, ExampleResult)
+
+
+def by_category(items: Sequence[Item]) -> dict[str, list[Item]]:
+    """Examples (or results) per LongBench category of their dataset, then ``"all"``."""
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        groups.setdefault(DATASETS[item.dataset].category, []).append(item)
+    groups["all"] = list(items)
     return groups
 
 
@@ -71,7 +75,7 @@ def time_method(
     reference = "lazyllm" if method in COMPUTE_MATCHED else method
     timed: dict[str, MethodSpeed] = {}
     out: dict[str, MethodSpeed] = {}
-    for category, examples in _categories(evaluator.examples).items():
+    for category, examples in by_category(evaluator.examples).items():
         ex = evaluator.timing_example(examples)
         if ex.key not in timed:
             flops = matched.median_flop_speedup(reference, options, schedule, dims, [len(ex.input_ids)])
@@ -89,11 +93,7 @@ def category_table(
     by definition), computed %, counts, and the timing's example, clock and rounds."""
     rows: list[dict[str, Any]] = []
     for method, res in results.items():
-        groups: dict[str, list[ExampleResult]] = {}
-        for r in res:
-            groups.setdefault(DATASETS[r.dataset].category, []).append(r)
-        groups["all"] = list(res)
-        for category, items in groups.items():
+        for category, items in by_category(res).items():
             by_ds: dict[str, list[float]] = {}
             for r in items:
                 by_ds.setdefault(r.dataset, []).append(r.score)

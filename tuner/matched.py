@@ -21,9 +21,10 @@ For the tuned LazyLLM schedule (``--schedule``) on the evaluation examples:
 
 Results per (method, knobs) are cached as ``<label>.jsonl`` (and the timing as ``<label>.speed.json``)
 in the output folder and reused when their examples match, so the work can be split over several runs
-(e.g. ``--methods`` one peer at a time). Intervals are those of Table 3 (:func:`tuner.evaluation.
-loss_estimate`: the one paired bootstrap of :mod:`tuner.stats`, same level, same draws), so a schedule
-shows one interval in the whole report. Sign: loss = reference - method, positive = worse.
+(e.g. ``--methods`` one peer at a time). Intervals are those of Table 3
+(:func:`tuner.evaluation.loss_estimate`: the one paired bootstrap of :mod:`tuner.stats`, same level,
+same draws), so a schedule shows one interval in the whole report. Sign: loss = reference - method,
+positive = worse.
 """
 
 from __future__ import annotations
