@@ -185,24 +185,12 @@ class MethodSpeed:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MethodSpeed:
-        def measurement(d: dict[str, Any]) -> SpeedMeasurement:
-            return SpeedMeasurement(
-                speedup=float(d["speedup"]),
-                flop_speedup=float(d["flop_speedup"]),
-                baseline_s=tuple(float(t) for t in d["baseline_s"]),
-                schedule_s=tuple(float(t) for t in d["schedule_s"]),
-                remeasured=bool(d["remeasured"]),
-                plausible=bool(d["plausible"]),
-                bounds=(float(d["bounds"][0]), float(d["bounds"][1])),
-                clock=str(d["clock"]),
-            )
-
         return cls(
             example=str(data["example"]),
             prompt_tokens=int(data["prompt_tokens"]),
             new_tokens=int(data["new_tokens"]),
-            ttft=measurement(data["ttft"]),
-            total=measurement(data["total"]),
+            ttft=SpeedMeasurement.from_dict(data["ttft"]),
+            total=SpeedMeasurement.from_dict(data["total"]),
         )
 
 

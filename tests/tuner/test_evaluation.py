@@ -149,3 +149,16 @@ def test_report_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFix
     assert {r["timing_clock"] for r in rows if r["method"] != "baseline"} == {"cpu"}
     assert evaluate_cli.main([*argv[:-2], "--output", str(tmp_path / "report"), "--methods", "bogus"]) == 2
     assert "Unknown method 'bogus'" in capsys.readouterr().err
+
+
+def test_method_speed_round_trips_through_json() -> None:
+    """The matched-speed cache stores each point's timing as JSON and reads it back unchanged."""
+    from tuner.evaluation import MethodSpeed
+    from tuner.speed import measure_speedup
+
+    base, pruned = iter([2.0, 2.2, 2.1]), iter([1.1, 1.0, 1.3])
+    ttft = measure_speedup(lambda: next(base), lambda: next(pruned), 2.0, rounds=3, clock="cpu")
+    total = measure_speedup(lambda: 3.0, lambda: 2.0, 1.5, rounds=2, clock="cpu")
+    speed = MethodSpeed("qasper/7", 480, 32, ttft, total)
+    assert MethodSpeed.from_dict(json.loads(json.dumps(speed.to_dict()))) == speed
+    assert speed.ttft.speedup == 2.0 / 1.0 and speed.clock == "cpu" and speed.ttft.rounds == 3
