@@ -23,14 +23,11 @@ from typing import Any
 import torch
 
 from lazyllm.engine import GenerationResult, LazyLLM
+from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
 from lazyllm.selectors import MeanAttentionSelector, RandomSelector
 from lazyllm.text import encode_prompt
 from lazyllm.timing import synchronize
-
-
-def _model_name(model: Any) -> str:
-    return str(getattr(model.config, "name_or_path", "") or type(model).__name__)
 
 
 def random_drop(model: Any, schedule: Schedule, *, tokenizer: Any = None, seed: int = 0) -> LazyLLM:
@@ -48,7 +45,7 @@ def static_pruning(
     if not 1 <= score_layers <= layers - 1:
         raise ValueError(f"score_layers = {score_layers}: must be in 1..{layers - 1}")
     schedule = Schedule.from_layers(
-        _model_name(model), layers, {score_layers - 1: 100.0 * (1.0 - keep_fraction)}
+        model_name(model), layers, {score_layers - 1: 100.0 * (1.0 - keep_fraction)}
     ).with_revival("frozen")
     return LazyLLM(model, schedule, tokenizer=tokenizer, selector=MeanAttentionSelector(score_layers))
 
@@ -83,7 +80,7 @@ class PromptCompression:
         self.protect_last = protect_last
         self.engine = LazyLLM(
             model,
-            Schedule.keep_all(_model_name(model), int(model.config.num_hidden_layers)),
+            Schedule.keep_all(model_name(model), int(model.config.num_hidden_layers)),
             tokenizer=tokenizer,
         )
 

@@ -51,6 +51,7 @@ import torch
 
 from lazyllm.architectures import DecoderStack, PositionEmbeddings, decoder_stack
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers, query_key_mask
+from lazyllm.models import model_name
 from lazyllm.schedule import Revival, Schedule, num_pruned
 from lazyllm.selectors import AttentionSelector, TokenSelector
 from lazyllm.state import GenerationState
@@ -479,8 +480,7 @@ class LazyLLM:
     ) -> None:
         self.model = model
         self.stack: DecoderStack = decoder_stack(model)
-        name = str(getattr(model.config, "name_or_path", "") or type(model).__name__)
-        schedule.check_model(name, self.stack.num_layers, strict_name=strict_model_name)
+        schedule.check_model(model_name(model), self.stack.num_layers, strict_name=strict_model_name)
         self.schedule = schedule
         self.tokenizer = tokenizer
         self.selector = selector or AttentionSelector()

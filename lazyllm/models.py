@@ -79,6 +79,12 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 }
 
 
+def model_name(model: Any) -> str:
+    """The name a schedule records for ``model``: ``config.name_or_path`` (what :func:`load_model` resolved
+    it from), or the class name of a model built in memory without one."""
+    return str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+
+
 def cache_dir() -> Path:
     """Root of the model cache: ``$LAZYLLM_CACHE`` or ``~/.cache/lazyllm``."""
     return Path(os.environ.get("LAZYLLM_CACHE") or Path.home() / ".cache" / "lazyllm")

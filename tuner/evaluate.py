@@ -3,10 +3,17 @@
     python -m tuner.evaluate --task qa --split test --schedule s.json [--preset qa] \\
         [--methods baseline,random,static,compression,lazyllm] [--data-dir DIR] [--output DIR]
 
-Table 1: score per category (macro average of its datasets' LongBench scores) and median paired TTFT
-speedup, per method. Table 2: share of prompt (token, layer) pairs computed and median generation
-(total time) speedup. Both with sample counts. Written as markdown, CSV and PNG under ``--output``,
-with per-example JSONL and a summary JSON per method (reruns overwrite). The default ``--output`` is
+Table 1: score per category (macro average of its datasets' LongBench scores) and measured TTFT
+speedup, per method. Table 2: share of prompt (token, layer) pairs computed and measured generation
+(total time) speedup. Both with sample counts. Table 3: each method's accuracy loss with its paired
+bootstrap interval (:func:`tuner.evaluation.loss_estimate`, the one bootstrap of :mod:`tuner.stats`).
+
+Speedups are measured as the search measures them (:mod:`tuner.speed`, see
+:meth:`tuner.evaluation.Evaluator.measure_speed`): per category, on its example of median prompt
+length, ``--timing-rounds`` interleaved rounds, minimum per side, on ``--timing-clock`` (``auto``: the
+CPU thread clock on a CPU); the report names the clock and the rounds.
+
+Written as markdown, CSV and PNG under ``--output``, with per-example JSONL and a summary JSON per method (reruns overwrite). The default ``--output`` is
 ``outputs/evaluate/<model>-<task>-<split>``, so evaluations of different tasks never overwrite each other.
 
 Method knobs: ``--method-options gemfilter.k=0.3,tsp.layer=14`` (validated before the model loads).
@@ -22,33 +29,75 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lazyllm.cli import cli_main
-from lazyllm.methods import make_method
+from lazyllm.flops import ModelDims
+from lazyllm.methods import Generator, make_method
 from lazyllm.models import load_model
 from lazyllm.peers import PEER_METHODS
 from lazyllm.schedule import Schedule
 from tuner import matched
 from tuner.datasource import resolve_source
-from tuner.evaluation import Evaluator, ExampleResult, summarize, write_results
+from tuner.evaluation import Evaluator, Example, ExampleResult, MethodSpeed, summarize, write_results
 from tuner.longbench import DATASETS
 from tuner.metrics import task_score
 from tuner.settings import EvaluateSettings, add_flags, resolve_settings
 
+COMPUTE_MATCHED = frozenset({"random", "static", "compression"})
+"""Baselines built to compute what the schedule computes (:mod:`lazyllm.methods`): the FLOP model
+their measured speedup is checked against is the schedule's."""
 
-def category_table(results: dict[str, list[ExampleResult]]) -> list[dict[str, Any]]:
-    """One row per (method, category) plus an "all" row: score, speedups, computed %, counts."""
+
+Item = TypeVar("Item", Example, ExampleResult)
+
+
+def by_category(items: Sequence[Item]) -> dict[str, list[Item]]:
+    """Examples (or results) per LongBench category of their dataset, then ``"all"``."""
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        groups.setdefault(DATASETS[item.dataset].category, []).append(item)
+    groups["all"] = list(items)
+    return groups
+
+
+def time_method(
+    settings: EvaluateSettings,
+    evaluator: Evaluator,
+    method: str,
+    generator: Generator,
+    schedule: Schedule | None,
+) -> dict[str, MethodSpeed]:
+    """Category (and ``"all"``) -> the method's measured speedups on that category's timing example
+    (:meth:`Evaluator.timing_example`); an example shared by several categories is timed once."""
+    dims = ModelDims.from_config(evaluator.model.config)
+    options = settings.options_by_method.get(method, {})
+    reference = "lazyllm" if method in COMPUTE_MATCHED else method
+    timed: dict[str, MethodSpeed] = {}
+    out: dict[str, MethodSpeed] = {}
+    for category, examples in by_category(evaluator.examples).items():
+        ex = evaluator.timing_example(examples)
+        if ex.key not in timed:
+            flops = matched.median_flop_speedup(reference, options, schedule, dims, [len(ex.input_ids)])
+            timed[ex.key] = evaluator.measure_speed(
+                generator, ex, flops, rounds=settings.timing_rounds, clock=settings.timing_clock
+            )
+        out[category] = timed[ex.key]
+    return out
+
+
+def category_table(
+    results: dict[str, list[ExampleResult]], speeds: dict[str, dict[str, MethodSpeed]]
+) -> list[dict[str, Any]]:
+    """One row per (method, category) plus an "all" row: score, measured speedups (1 for the baseline,
+    by definition), computed %, counts, and the timing's example, clock and rounds."""
     rows: list[dict[str, Any]] = []
     for method, res in results.items():
-        groups: dict[str, list[ExampleResult]] = {}
-        for r in res:
-            groups.setdefault(DATASETS[r.dataset].category, []).append(r)
-        groups["all"] = list(res)
-        for category, items in groups.items():
+        for category, items in by_category(res).items():
             by_ds: dict[str, list[float]] = {}
             for r in items:
                 by_ds.setdefault(r.dataset, []).append(r.score)
+            speed = speeds.get(method, {}).get(category)
             rows.append(
                 {
                     "method": method,
@@ -56,14 +105,31 @@ def category_table(results: dict[str, list[ExampleResult]]) -> list[dict[str, An
                     "datasets": len(by_ds),
                     "examples": len(items),
                     "score": round(statistics.fmean(task_score(v) for v in by_ds.values()), 2),
-                    "ttft_speedup": round(statistics.median(r.ttft_speedup for r in items), 3),
-                    "total_speedup": round(statistics.median(r.total_speedup for r in items), 3),
+                    "ttft_speedup": round(speed.ttft.speedup, 3) if speed else 1.0,
+                    "total_speedup": round(speed.total.speedup, 3) if speed else 1.0,
                     "prompt_computed_pct": round(
                         100 * statistics.fmean(r.prompt_computed_fraction for r in items), 1
                     ),
+                    "timing_example": speed.example if speed else "",
+                    "timing_clock": speed.clock if speed else "",
+                    "timing_rounds": speed.ttft.rounds if speed else 0,
                 }
             )
     return rows
+
+
+def timing_note(rows: list[dict[str, Any]]) -> str:
+    """How the speedups were measured, from the rows: clock(s) and rounds."""
+    timed = [r for r in rows if r["timing_clock"]]
+    if not timed:
+        return "no method was timed (the baseline's speedup is 1 by definition)"
+    clocks = ", ".join(sorted({r["timing_clock"] for r in timed}))
+    rounds = sorted({int(r["timing_rounds"]) for r in timed})
+    span = str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}"
+    return (
+        f"speedups measured by tuner.speed: clock {clocks}, {span} interleaved rounds per side (minimum "
+        "per side), on each category's example of median prompt length; the baseline is 1 by definition"
+    )
 
 
 def markdown(rows: list[dict[str, Any]], header: str) -> str:
@@ -80,9 +146,9 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
             for m in methods
         ]
 
-    lines = [header, "", "**Table 1**: score / median paired TTFT speedup", ""]
+    lines = [header, "", timing_note(rows), "", "**Table 1**: score / measured TTFT speedup", ""]
     lines += table(lambda r: f"{r['score']:.2f} / {r['ttft_speedup']:.2f}x")
-    lines += ["", "**Table 2**: prompt (token, layer) pairs computed / median generation speedup", ""]
+    lines += ["", "**Table 2**: prompt (token, layer) pairs computed / measured generation speedup", ""]
     lines += table(lambda r: f"{r['prompt_computed_pct']:.1f}% / {r['total_speedup']:.2f}x")
     return "\n".join(lines) + "\n"
 
@@ -122,7 +188,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             continue
         ax.scatter(r["ttft_speedup"], r["score"], s=60)
         ax.annotate(r["method"], (r["ttft_speedup"], r["score"]), textcoords="offset points", xytext=(5, 5))
-    ax.set_xlabel("median paired TTFT speedup (x)")
+    clocks = ", ".join(sorted({r["timing_clock"] for r in rows if r["timing_clock"]})) or "-"
+    ax.set_xlabel(f"measured TTFT speedup (x, tuner.speed, clock {clocks})")
     ax.set_ylabel("score (macro over datasets)")
     ax.set_title("methods on all datasets of the task")
     ax.grid(alpha=0.3)
@@ -159,6 +226,7 @@ def evaluate(settings: EvaluateSettings) -> int:
     evaluator = Evaluator(model, tokenizer, settings.eval_only(), out / "cache")
     baseline = evaluator.baseline_results()
     results: dict[str, list[ExampleResult]] = {}
+    speeds: dict[str, dict[str, MethodSpeed]] = {}
     summaries: dict[str, dict[str, Any]] = {}
     options = settings.options_by_method
     for method in settings.method_list:
@@ -171,10 +239,11 @@ def evaluate(settings: EvaluateSettings) -> int:
                 method, model, tokenizer, schedule, seed=settings.seed, options=options.get(method)
             )
             res, _ = evaluator.evaluate(method, generator)
+            speeds[method] = time_method(settings, evaluator, method, generator, schedule)
         results[method] = res
-        summaries[method] = summarize(res, baseline)
+        summaries[method] = summarize(res, baseline, speeds.get(method, {}).get("all"))
         write_results(res, summaries[method], out, method)
-    rows = category_table(results)
+    rows = category_table(results, speeds)
     header = (
         f"model {settings.model}, task {settings.task} ({settings.language}), split {settings.split}, "
         f"{len(evaluator.examples)} examples, prompts cut to {settings.max_prompt_tokens} tokens"
@@ -189,7 +258,11 @@ def evaluate(settings: EvaluateSettings) -> int:
     plot(rows, out / "report.png")
     if settings.match_speedup and schedule is not None:
         # the tuned schedule's results from above (same examples, schedule and seed) are reused
-        known = {"lazyllm": results["lazyllm"]} if "lazyllm" in results and not options.get("lazyllm") else {}
+        known = (
+            {"lazyllm": matched.Evaluated(results["lazyllm"], speeds["lazyllm"]["all"])}
+            if "lazyllm" in results and not options.get("lazyllm")
+            else {}
+        )
         text += "\n" + matched.run(settings, evaluator, schedule, baseline, known)
     print(text)
     print(f"written: {out}/report.md, report.csv, report.png, <method>.jsonl, <method>.summary.json")

@@ -1,4 +1,4 @@
-"""Evaluate generation methods on a LongBench task split: predictions, scores and paired speedups.
+"""Evaluate generation methods on a LongBench task split: predictions, scores and measured speedups.
 
 How a method is scored on one example:
 
@@ -6,10 +6,13 @@ How a method is scored on one example:
    (LongBench's rule) and, where LongBench does so for the dataset, wrapped in the chat template.
 2. The method generates greedily, up to LongBench's length for the dataset (optionally capped), with
    LongBench's stop rule (samsum stops at a newline); the prediction is scored by the dataset's metric.
-3. **Paired timing**: right before or after the method (alternating per example, so neither always
-   runs first), the unpruned model's TTFT on the same prompt is measured afresh; the example's TTFT
-   speedup is that baseline TTFT over the method's. A task's speedup is the **median** of its
-   per-example ratios (robust to the odd example hit by background load).
+3. **Speed** is not taken from the scoring runs (one wall-clock time each, hit by whatever else the
+   machine does). It is measured as the search measures it (:mod:`tuner.speed`): on a timing example
+   (the one whose prompt length is nearest the median, :meth:`Evaluator.timing_example`) the unpruned
+   model and the method run in interleaved rounds, the speedup is the minimum baseline time over the
+   minimum method time, read on the CPU thread clock on a CPU (:func:`tuner.speed.resolve_clock`),
+   re-measured when implausible against the FLOP model. Both TTFT (prefill + first token) and the
+   whole generation of the example's answer length are measured (:meth:`Evaluator.measure_speed`).
 
 The unpruned baseline's predictions (text and token ids), scores and timings are cached on disk as JSON, keyed by model,
 data file digests, split, truncation, generation lengths and package version, so a second evaluation
@@ -43,6 +46,14 @@ from tuner.longbench import (
 )
 from tuner.metrics import score_example, task_score
 from tuner.settings import EvalSettings
+from tuner.speed import (
+    DEFAULT_ROUNDS,
+    SpeedMeasurement,
+    generation_timer,
+    measure_speedup,
+    prefill_timer,
+    resolve_clock,
+)
 from tuner.stats import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
 
 
@@ -123,7 +134,8 @@ def data_fingerprint(config: EvalSettings) -> str:
 
 @dataclass(frozen=True)
 class ExampleResult:
-    """One method on one example. ``ttft_speedup`` = paired baseline TTFT / this TTFT."""
+    """One method on one example. ``ttft_s`` and ``total_s`` are the scoring run's own wall-clock
+    times (raw evidence only: speedups come from :meth:`Evaluator.measure_speed`)."""
 
     dataset: str
     record_id: str
@@ -135,9 +147,51 @@ class ExampleResult:
     prompt_tokens: int
     new_tokens: int
     prompt_computed_fraction: float
-    baseline_ttft_s: float
-    ttft_speedup: float
-    total_speedup: float
+
+
+@dataclass(frozen=True)
+class MethodSpeed:
+    """A method's measured speedups over the unpruned model on one timing example (:mod:`tuner.speed`).
+
+    Attributes:
+        example: the timing example's key. prompt_tokens: its prompt length. new_tokens: the answer
+        length of the whole-generation timing. ttft: TTFT (prefill + first token) speedup. total:
+        whole-generation speedup. Each holds every timing, the clock and the rounds.
+    """
+
+    example: str
+    prompt_tokens: int
+    new_tokens: int
+    ttft: SpeedMeasurement
+    total: SpeedMeasurement
+
+    def __post_init__(self) -> None:
+        if self.ttft.clock != self.total.clock:
+            raise ValueError(f"clocks differ: ttft {self.ttft.clock!r}, total {self.total.clock!r}")
+
+    @property
+    def clock(self) -> str:
+        return self.ttft.clock
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "example": self.example,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "clock": self.clock,
+            "ttft": self.ttft.to_dict(),
+            "total": self.total.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MethodSpeed:
+        return cls(
+            example=str(data["example"]),
+            prompt_tokens=int(data["prompt_tokens"]),
+            new_tokens=int(data["new_tokens"]),
+            ttft=SpeedMeasurement.from_dict(data["ttft"]),
+            total=SpeedMeasurement.from_dict(data["total"]),
+        )
 
 
 @dataclass
@@ -239,16 +293,52 @@ class Evaluator:
             self.cache.save()
         return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
 
-    def baseline_ttft(self, example: Example) -> float:
-        """A fresh unpruned TTFT on ``example`` (prefill + first token)."""
-        return self.baseline_engine.generate(torch.tensor(example.input_ids), max_new_tokens=1).ttft_s
+    def timing_example(self, examples: Sequence[Example] | None = None) -> Example:
+        """The example of ``examples`` (default: all) whose prompt length is nearest their median
+        (ties: the first key), as the search times the one example nearest its target length."""
+        pool = list(examples if examples is not None else self.examples)
+        if not pool:
+            raise ValueError("no examples to pick a timing example from")
+        mid = statistics.median(len(ex.input_ids) for ex in pool)
+        return min(pool, key=lambda ex: (abs(len(ex.input_ids) - mid), ex.key))
+
+    def measure_speed(
+        self,
+        generator: Generator,
+        example: Example,
+        flop_speedup: float,
+        *,
+        rounds: int = DEFAULT_ROUNDS,
+        clock: str = "auto",
+    ) -> MethodSpeed:
+        """TTFT and whole-generation speedups of ``generator`` over the unpruned model on ``example``,
+        by the search's robust path (:func:`tuner.speed.measure_speedup`: interleaved ``rounds``,
+        minimum per side, ``clock`` resolved for the model's device, re-measured when the ratio to
+        ``flop_speedup`` is implausible)."""
+        read = resolve_clock(clock, next(self.model.parameters()).device)
+        ids = torch.tensor(example.input_ids)  # [N]
+        new = example.max_new_tokens
+        ttft = measure_speedup(
+            prefill_timer(self.baseline_engine, ids, read),
+            prefill_timer(generator, ids, read),
+            flop_speedup,
+            rounds=rounds,
+            clock=read,
+        )
+        total = measure_speedup(
+            generation_timer(self.baseline_engine, ids, new, read),
+            generation_timer(generator, ids, new, read),
+            flop_speedup,
+            rounds=rounds,
+            clock=read,
+        )
+        return MethodSpeed(example.key, len(example.input_ids), new, ttft, total)
 
     def evaluate(
         self,
         method: str,
         generator: Generator,
         *,
-        paired_timing: bool = True,
         should_stop: Callable[[list[ExampleResult]], str | None] | None = None,
         desc: str | None = None,
     ) -> tuple[list[ExampleResult], str | None]:
@@ -256,17 +346,11 @@ class Evaluator:
 
         Returns the per-example results and the early-stop reason (None if it ran to the end).
         """
-        base = self.baseline()
+        self.baseline()  # the unpruned answers exist before any method is scored against them
         results: list[ExampleResult] = []
         bar = tqdm(self.examples, desc=desc or method, disable=not self.progress, leave=False)
-        for i, ex in enumerate(bar):
-            if paired_timing and i % 2 == 0:
-                base_ttft = self.baseline_ttft(ex)
+        for ex in bar:
             result = _run(generator, ex)
-            if paired_timing and i % 2 == 1:
-                base_ttft = self.baseline_ttft(ex)
-            if not paired_timing:
-                base_ttft = float(base[ex.key]["ttft_s"])
             prediction = result.text or ""
             results.append(
                 ExampleResult(
@@ -280,9 +364,6 @@ class Evaluator:
                     prompt_tokens=result.prompt_tokens,
                     new_tokens=len(result.token_ids),
                     prompt_computed_fraction=result.prompt_computed_fraction,
-                    baseline_ttft_s=base_ttft,
-                    ttft_speedup=base_ttft / result.ttft_s,
-                    total_speedup=float(base[ex.key]["total_s"]) / result.total_s,
                 )
             )
             if should_stop is not None:
@@ -292,7 +373,7 @@ class Evaluator:
         return results, None
 
     def baseline_results(self) -> list[ExampleResult]:
-        """The cached baseline as :class:`ExampleResult` rows (speedups 1 by definition)."""
+        """The cached baseline as :class:`ExampleResult` rows."""
         base = self.baseline()
         return [
             ExampleResult(
@@ -306,9 +387,6 @@ class Evaluator:
                 prompt_tokens=len(ex.input_ids),
                 new_tokens=int(base[ex.key]["new_tokens"]),
                 prompt_computed_fraction=1.0,
-                baseline_ttft_s=float(base[ex.key]["ttft_s"]),
-                ttft_speedup=1.0,
-                total_speedup=1.0,
             )
             for ex in self.examples
         ]
@@ -328,10 +406,13 @@ def macro_score(results: Sequence[ExampleResult]) -> float:
     return float(statistics.fmean(dataset_scores(results).values()))
 
 
-def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult]) -> dict[str, Any]:
+def summarize(
+    results: Sequence[ExampleResult], baseline: Sequence[ExampleResult], speed: MethodSpeed | None = None
+) -> dict[str, Any]:
     """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples
-    (with its standard error, 90% paired bootstrap interval and one-sided upper bound), median paired
-    TTFT / total speedups, mean share of prompt (token, layer) pairs computed."""
+    (with its standard error, 90% paired bootstrap interval and one-sided upper bound), mean share of
+    prompt (token, layer) pairs computed, and the measured ``speed`` when given (clock, rounds and
+    every timing included)."""
     if not results:
         raise ValueError("no results to summarize")
     done = {(r.dataset, r.record_id) for r in results}
@@ -341,21 +422,27 @@ def summarize(results: Sequence[ExampleResult], baseline: Sequence[ExampleResult
     score = macro_score(results)
     base_score = macro_score(base)
     loss = loss_estimate(results, base)  # paired bootstrap over the same examples (90%, fixed seed)
-    return {
+    out: dict[str, Any] = {
         "n_examples": len(results),
         "score": score,
         "baseline_score": base_score,
-        "accuracy_loss": base_score - score,
+        "accuracy_loss": loss.value,
         "accuracy_loss_se": loss.to_dict()["se"],
         "accuracy_loss_interval": [loss.low, loss.high],
         "accuracy_loss_upper": loss.upper,
         "interval_level": loss.level,
         "dataset_scores": scores,
         "baseline_dataset_scores": base_scores,
-        "ttft_speedup": statistics.median(r.ttft_speedup for r in results),
-        "total_speedup": statistics.median(r.total_speedup for r in results),
         "prompt_computed_pct": 100 * statistics.fmean(r.prompt_computed_fraction for r in results),
     }
+    if speed is not None:
+        out.update(
+            ttft_speedup=speed.ttft.speedup,
+            total_speedup=speed.total.speedup,
+            timing_clock=speed.clock,
+            speed=speed.to_dict(),
+        )
+    return out
 
 
 def loss_estimate(
@@ -363,20 +450,25 @@ def loss_estimate(
     baseline: Sequence[ExampleResult],
     *,
     level: float = DEFAULT_LEVEL,
+    within_datasets: bool = False,
     seed: int = 0,
 ) -> Estimate:
-    """The macro-averaged accuracy loss (score points) of ``results`` against ``baseline`` on the same
-    examples, with its standard error, paired bootstrap interval and one-sided upper bound."""
+    """The macro-averaged accuracy loss (score points, ``baseline - results``: positive = worse) of
+    ``results`` against ``baseline`` on the same examples, with its standard error, paired bootstrap
+    interval and one-sided upper bound (:func:`tuner.stats.paired_estimate`; ``within_datasets``
+    resamples each dataset's examples among themselves)."""
     if not results:
         raise ValueError("no results to estimate a loss from")
     base = {(b.dataset, b.record_id): b.score for b in baseline}
     missing = [f"{r.dataset}/{r.record_id}" for r in results if (r.dataset, r.record_id) not in base]
     if missing:
-        raise ValueError(f"baseline lacks example(s) {missing[:3]}")
+        raise ValueError(f"baseline lacks example(s) {missing[:3]}: a paired loss needs the same examples")
+    datasets = [r.dataset for r in results]
     return paired_estimate(
         [100.0 * base[(r.dataset, r.record_id)] for r in results],
         [100.0 * r.score for r in results],
-        macro_weights([r.dataset for r in results]),
+        macro_weights(datasets),
+        strata=datasets if within_datasets else None,
         level=level,
         seed=seed,
     )

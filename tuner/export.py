@@ -31,19 +31,12 @@ from lazyllm.schedule import Schedule
 from tuner.outcome import StudyOutcome
 from tuner.redact import redact_text, redact_url
 from tuner.report.files import write_outcome
-
-
-def _sqlite_file(url: str) -> Path | None:
-    """The file of a ``sqlite:///`` URL (None for other schemes)."""
-    if not url.startswith("sqlite:"):
-        return None
-    path = url.split("///", 1)[1] if "///" in url else ""
-    return Path(path.split("?", 1)[0]) if path and path != ":memory:" else None
+from tuner.stores import sqlite_path
 
 
 def load_existing_study(name: str, storage: str) -> optuna.Study:
     """Load study ``name``; a missing SQLite file, an empty database or an unknown name is an error."""
-    file = _sqlite_file(storage)
+    file = sqlite_path(storage)
     if storage.startswith("sqlite:") and (file is None or not file.is_file()):
         raise ValueError(f"no study storage at {redact_url(storage)} (file not found); check --storage")
     if file is None:  # a server database: do not let Optuna create its tables in it
@@ -72,7 +65,7 @@ def existing_tracking_uri(uri: str | None, fallback: str | None = None) -> str:
     chosen = uri or os.environ.get("MLFLOW_TRACKING_URI") or fallback or mlflow.get_tracking_uri()
     if chosen.startswith(("http://", "https://", "databricks")):
         return chosen
-    file = _sqlite_file(chosen)
+    file = sqlite_path(chosen)
     if chosen.startswith("sqlite:"):
         if file is None or not file.is_file():
             raise ValueError(f"no MLflow store at {redact_url(chosen)} (file not found); pass --tracking-uri")

@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from lazyllm.engine import LazyLLM
+from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
 
 DEFAULT_TOP_K = 64
@@ -205,7 +206,7 @@ class FidelityEvaluator:
         layers = int(evaluator.model.config.num_hidden_layers)
         self.keep_all = LazyLLM(
             evaluator.model,
-            Schedule.keep_all(str(evaluator.model.config.name_or_path), layers),
+            Schedule.keep_all(model_name(evaluator.model), layers),
             tokenizer=evaluator.tokenizer,
             strict_model_name=False,
         )

@@ -190,7 +190,6 @@ class ScoreLoss(Loss):
         results, reason = runner.evaluator.evaluate(
             "lazyllm",
             engine,
-            paired_timing=False,
             should_stop=lambda r: self.early_stop(runner, r),
             desc=desc,
         )

@@ -6,20 +6,25 @@ For the tuned LazyLLM schedule (``--schedule``) on the evaluation examples:
    the target; each peer (:mod:`lazyllm.peers`: GemFilter, TSP) gets the size knob that reaches the
    target while keeping the most tokens (:func:`lazyllm.peers.match_speedup`, at the median prompt
    length; the other knobs as ``--method-options`` give them, paper defaults otherwise). Each is
-   evaluated on the same examples as the tuned schedule, and the table shows score, paired
-   bootstrap intervals of the score difference against the unpruned baseline and against the tuned
-   schedule, and FLOP and measured (median paired TTFT) speedups side by side. Matching is on the
-   FLOP model because it is deterministic; the measured speedups show how well it carries over.
+   evaluated on the same examples as the tuned schedule, and the table shows score, the accuracy
+   loss against the unpruned baseline and against the tuned schedule with paired bootstrap intervals,
+   and FLOP and measured TTFT speedups side by side. Matching is on the FLOP model because it is
+   deterministic; the measured speedups show how well it carries over. They are measured as the
+   search measures them (:meth:`tuner.evaluation.Evaluator.measure_speed`, :mod:`tuner.speed`: on the
+   example of median prompt length, interleaved rounds, minimum per side, the CPU thread clock on a
+   CPU); the report names the clock and the rounds.
 2. **Same loss.** Each peer runs at a few settings of its size knob (:data:`SWEEP`); its speedup at
    the tuned schedule's accuracy loss is read off that curve (linear interpolation between the two
    settings around the loss; None if no setting is that accurate).
 3. **Plot.** Score against speedup (FLOP model and measured, one panel each): one curve per method,
    the tuned schedule on top, the unpruned score as a line, sample counts in the title.
 
-Results per (method, knobs) are cached as ``<label>.jsonl`` in the output folder and reused when their
-examples match, so the work can be split over several runs (e.g. ``--methods`` one peer at a time).
-Intervals: examples are resampled with replacement within each dataset (the same draw for both
-sides of a pair), the macro score over datasets recomputed, 2000 draws, 2.5th and 97.5th percentiles.
+Results per (method, knobs) are cached as ``<label>.jsonl`` (and the timing as ``<label>.speed.json``)
+in the output folder and reused when their examples match, so the work can be split over several runs
+(e.g. ``--methods`` one peer at a time). Intervals are those of Table 3
+(:func:`tuner.evaluation.loss_estimate`: the one paired bootstrap of :mod:`tuner.stats`, same level,
+same draws), so a schedule shows one interval in the whole report. Sign: loss = reference - method,
+positive = worse.
 """
 
 from __future__ import annotations
@@ -32,73 +37,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.methods import make_method
 from lazyllm.peers import PEER_METHODS, match_speedup, peer_flop_speedup
 from lazyllm.schedule import Schedule
-from tuner.evaluation import Evaluator, ExampleResult, macro_score
+from tuner.evaluation import Evaluator, ExampleResult, MethodSpeed, loss_estimate, macro_score
 from tuner.settings import EvaluateSettings
+from tuner.stats import DEFAULT_LEVEL, Estimate
 
 SWEEP: dict[str, tuple[float, ...]] = {"gemfilter": (0.1, 0.3, 0.6), "tsp": (0.1, 0.3, 0.6)}
 """Size-knob settings (shares of the prompt kept) each peer's curve runs at."""
 SIZE_KNOB = {"gemfilter": "k", "tsp": "budget"}
-BOOTSTRAP_DRAWS = 2000
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A paired bootstrap estimate: the observed difference and its 95% interval (score points)."""
-
-    value: float
-    low: float
-    high: float
-
-    def __post_init__(self) -> None:
-        if not self.low <= self.high:
-            raise ValueError(f"interval [{self.low}, {self.high}] is empty")
-
-    def __str__(self) -> str:
-        return f"{self.value:+.2f} [{self.low:+.2f}, {self.high:+.2f}]"
-
-
-def _macro(scores: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
-    """Macro score (100 x mean per dataset, averaged) for each row of ``scores`` ``[draws, n]``."""
-    return np.mean([100 * scores[:, g].mean(axis=1) for g in groups], axis=0)
-
-
-def paired_bootstrap(
-    results: Sequence[ExampleResult],
-    reference: Sequence[ExampleResult],
-    *,
-    draws: int = BOOTSTRAP_DRAWS,
-    seed: int = 0,
-) -> Interval:
-    """Macro score of ``results`` minus that of ``reference`` on the same examples, with a 95% interval
-    from resampling examples within each dataset (the same draw for both sides)."""
-    ref = {(r.dataset, r.record_id): r.score for r in reference}
-    missing = [(r.dataset, r.record_id) for r in results if (r.dataset, r.record_id) not in ref]
-    if missing or not results:
-        raise ValueError(f"paired bootstrap needs the same examples on both sides; unmatched: {missing[:3]}")
-    datasets = sorted({r.dataset for r in results})
-    a = np.array([r.score for r in results], dtype=float)
-    b = np.array([ref[(r.dataset, r.record_id)] for r in results], dtype=float)
-    index = [np.array([i for i, r in enumerate(results) if r.dataset == d]) for d in datasets]
-    rng = np.random.default_rng(seed)
-    draws_idx = np.concatenate(
-        [rng.choice(g, size=(draws, g.size), replace=True) for g in index], axis=1
-    )  # [draws, n]: column j resamples within the dataset of position j
-    spans, start = [], 0
-    for g in index:
-        spans.append(np.arange(start, start + g.size))
-        start += g.size
-    diff = _macro(a[draws_idx], spans) - _macro(b[draws_idx], spans)
-    observed = float(
-        _macro(a[None, np.concatenate(index)], spans)[0] - _macro(b[None, np.concatenate(index)], spans)[0]
-    )
-    low, high = np.percentile(diff, [2.5, 97.5])
-    return Interval(observed, float(min(low, observed)), float(max(high, observed)))
+def interval_text(est: Estimate) -> str:
+    """``+1.25 [-0.50, +3.00]``: a loss and its interval, score points."""
+    return f"{est.value:+.2f} [{est.low:+.2f}, {est.high:+.2f}]"
 
 
 @dataclass(frozen=True)
@@ -108,9 +62,11 @@ class Point:
     Attributes:
         label: method and knobs (also the name of its ``.jsonl`` file).
         method: registry name. options: its knobs. role: "tuned", "matched", "sweep" or "baseline".
-        n: examples. score: macro score. vs_baseline / vs_tuned: paired intervals (None for themselves).
-        flop_speedup: median FLOP-model prefill speedup over the examples. ttft_speedup: median
-        measured paired TTFT speedup.
+        n: examples. score: macro score. vs_baseline / vs_tuned: accuracy loss against the unpruned
+        model / the tuned schedule (reference - this, score points, positive = worse) with its paired
+        bootstrap interval (None against itself).
+        flop_speedup: median FLOP-model prefill speedup over the examples. ttft_speedup: measured TTFT
+        speedup (``speed``: its evidence, clock and rounds; None where not measured).
     """
 
     label: str
@@ -119,14 +75,15 @@ class Point:
     role: str
     n: int
     score: float
-    vs_baseline: Interval | None
-    vs_tuned: Interval | None
+    vs_baseline: Estimate | None
+    vs_tuned: Estimate | None
     flop_speedup: float
     ttft_speedup: float
+    speed: MethodSpeed | None = None
 
     @property
     def loss(self) -> float:
-        return -self.vs_baseline.value if self.vs_baseline is not None else 0.0
+        return self.vs_baseline.value if self.vs_baseline is not None else 0.0
 
 
 def label_of(method: str, options: Mapping[str, float]) -> str:
@@ -172,41 +129,57 @@ def speedup_at_loss(points: Sequence[Point], loss: float, kind: str = "flop_spee
 
 
 # Running and caching -----------------------------------------------------------------------------
-Runner = Callable[[str, Mapping[str, float]], list[ExampleResult]]
+@dataclass(frozen=True)
+class Evaluated:
+    """One method at one knob setting: per-example results and its measured speedups."""
+
+    results: list[ExampleResult]
+    speed: MethodSpeed
+
+
+Runner = Callable[[str, Mapping[str, float]], Evaluated]
 """Evaluates ``(method, options)`` on the examples (the CLI builds the generator and the Evaluator)."""
 
 
 def cached_run(runner: Runner, cache_dir: Path, keys: Sequence[tuple[str, str]], fingerprint: str) -> Runner:
-    """Wrap ``runner`` so results are read from / written to ``cache_dir/<label>.jsonl``; a file is
-    reused only if its ``<label>.key`` holds the same ``fingerprint`` (settings, schedule) and its rows
-    are the same examples in the same order."""
+    """Wrap ``runner`` so results are read from / written to ``cache_dir/<label>.jsonl`` (the timing
+    to ``<label>.speed.json``); they are reused only if ``<label>.key`` holds the same ``fingerprint``
+    (settings, schedule) and the rows are the same examples in the same order."""
 
-    def run(method: str, options: Mapping[str, float]) -> list[ExampleResult]:
+    def run(method: str, options: Mapping[str, float]) -> Evaluated:
         label = label_of(method, options)
         path, key = cache_dir / f"{label}.jsonl", cache_dir / f"{label}.key"
-        if path.exists() and key.exists() and key.read_text() == fingerprint:
+        speed_path = cache_dir / f"{label}.speed.json"
+        if path.exists() and key.exists() and speed_path.exists() and key.read_text() == fingerprint:
             try:
                 rows = [ExampleResult(**json.loads(line)) for line in path.read_text().splitlines() if line]
-            except (ValueError, TypeError):
-                rows = []
-            if [(r.dataset, r.record_id) for r in rows] == list(keys):
-                return rows
-        rows = runner(method, options)
+                speed: MethodSpeed | None = MethodSpeed.from_dict(json.loads(speed_path.read_text()))
+            except (ValueError, TypeError, KeyError):
+                rows, speed = [], None
+            if speed is not None and [(r.dataset, r.record_id) for r in rows] == list(keys):
+                return Evaluated(rows, speed)
+        done = runner(method, options)
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
-        tmp.replace(path)
+        for target, text in (
+            (path, "".join(json.dumps(asdict(r)) + "\n" for r in done.results)),
+            (speed_path, json.dumps(done.speed.to_dict(), indent=1)),
+        ):
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(target)
         key.write_text(fingerprint)
-        return rows
+        return done
 
     return run
 
 
 @dataclass(frozen=True)
 class MatchedReport:
-    """What ``--match-speedup`` found: every point, the matched peers, and speedups at the tuned loss."""
+    """What ``--match-speedup`` found: every point, the matched peers, and speedups at the tuned loss.
+    ``level``: the confidence level of every interval."""
 
     n: int
+    level: float
     target_flop_speedup: float
     tuned: Point
     baseline_score: float
@@ -225,13 +198,17 @@ def compare(
     peers: Sequence[str] = PEER_METHODS,
     fixed: Mapping[str, Mapping[str, float]] | None = None,
     sweep: Mapping[str, Sequence[float]] = SWEEP,
+    level: float = DEFAULT_LEVEL,
 ) -> MatchedReport:
     """Evaluate the tuned schedule, each peer at the matched speedup and along its sweep (see the module
-    docstring). ``fixed`` holds per-peer knobs to keep (e.g. ``{"gemfilter": {"r": 10}}``)."""
+    docstring). ``fixed`` holds per-peer knobs to keep (e.g. ``{"gemfilter": {"r": 10}}``); ``level``:
+    of every interval (Table 3's)."""
     fixed = fixed or {}
-    tuned_res = runner("lazyllm", {})
+    tuned_run = runner("lazyllm", {})
+    tuned_res = tuned_run.results
 
-    def point(method: str, options: Mapping[str, float], role: str, res: Sequence[ExampleResult]) -> Point:
+    def point(method: str, options: Mapping[str, float], role: str, done: Evaluated) -> Point:
+        res = done.results
         return Point(
             label=label_of(method, options) if role != "tuned" else "tuned schedule",
             method=method,
@@ -239,13 +216,14 @@ def compare(
             role=role,
             n=len(res),
             score=macro_score(res),
-            vs_baseline=paired_bootstrap(res, baseline),
-            vs_tuned=None if role == "tuned" else paired_bootstrap(res, tuned_res),
+            vs_baseline=loss_estimate(res, baseline, level=level),
+            vs_tuned=None if role == "tuned" else loss_estimate(res, tuned_res, level=level),
             flop_speedup=median_flop_speedup(method, options, schedule, dims, lengths),
-            ttft_speedup=float(statistics.median(r.ttft_speedup for r in res)),
+            ttft_speedup=done.speed.ttft.speedup,
+            speed=done.speed,
         )
 
-    tuned = point("lazyllm", {}, "tuned", tuned_res)
+    tuned = point("lazyllm", {}, "tuned", tuned_run)
     target = tuned.flop_speedup
     n_mid = int(statistics.median(lengths))
     points = [tuned]
@@ -272,6 +250,7 @@ def compare(
         }
     return MatchedReport(
         n=len(tuned_res),
+        level=level,
         target_flop_speedup=target,
         tuned=tuned,
         baseline_score=macro_score(baseline),
@@ -283,27 +262,29 @@ def compare(
 
 # Writing ------------------------------------------------------------------------------------------
 def rows(report: MatchedReport) -> list[dict[str, Any]]:
-    """One CSV row per point."""
+    """One CSV row per point; losses are reference - point (score points, positive = worse)."""
     out = []
     for p in report.points:
-        out.append(
-            {
-                "label": p.label,
-                "method": p.method,
-                "role": p.role,
-                "options": json.dumps(p.options, sort_keys=True),
-                "n": p.n,
-                "score": round(p.score, 2),
-                "delta_vs_baseline": None if p.vs_baseline is None else round(p.vs_baseline.value, 2),
-                "delta_vs_baseline_low": None if p.vs_baseline is None else round(p.vs_baseline.low, 2),
-                "delta_vs_baseline_high": None if p.vs_baseline is None else round(p.vs_baseline.high, 2),
-                "delta_vs_tuned": None if p.vs_tuned is None else round(p.vs_tuned.value, 2),
-                "delta_vs_tuned_low": None if p.vs_tuned is None else round(p.vs_tuned.low, 2),
-                "delta_vs_tuned_high": None if p.vs_tuned is None else round(p.vs_tuned.high, 2),
-                "flop_speedup": round(p.flop_speedup, 3),
-                "ttft_speedup": round(p.ttft_speedup, 3),
-            }
+        row: dict[str, Any] = {
+            "label": p.label,
+            "method": p.method,
+            "role": p.role,
+            "options": json.dumps(p.options, sort_keys=True),
+            "n": p.n,
+            "score": round(p.score, 2),
+        }
+        for name, est in (("loss_vs_baseline", p.vs_baseline), ("loss_vs_tuned", p.vs_tuned)):
+            row[name] = None if est is None else round(est.value, 2)
+            row[f"{name}_low"] = None if est is None else round(est.low, 2)
+            row[f"{name}_high"] = None if est is None else round(est.high, 2)
+        row.update(
+            interval_level=report.level,
+            flop_speedup=round(p.flop_speedup, 3),
+            ttft_speedup=round(p.ttft_speedup, 3),
+            timing_clock=p.speed.clock if p.speed else "",
+            timing_rounds=p.speed.ttft.rounds if p.speed else 0,
         )
+        out.append(row)
     return out
 
 
@@ -311,14 +292,26 @@ def markdown(report: MatchedReport, header: str) -> str:
     def fmt(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}x"
 
+    def vs(est: Estimate | None) -> str:
+        return "-" if est is None else interval_text(est)
+
+    timed = [p.speed for p in report.points if p.speed is not None]
+    clocks = ", ".join(sorted({s.clock for s in timed})) or "-"
+    rounds = sorted({s.ttft.rounds for s in timed}) or [0]
+    timing = (
+        f"measured TTFT speedups by tuner.speed: clock {clocks}, "
+        f"{rounds[0] if len(rounds) == 1 else f'{rounds[0]}-{rounds[-1]}'} interleaved rounds per side "
+        f"(minimum per side) on the example of median prompt length"
+    )
     lines = [
         header,
         "",
         f"**Matched speed**: every peer's size knob set to the tuned schedule's FLOP-model speedup "
         f"{report.target_flop_speedup:.2f}x (n = {report.n} examples; unpruned score "
-        f"{report.baseline_score:.2f}; intervals: paired bootstrap, 95%)",
+        f"{report.baseline_score:.2f}; loss = reference - method in score points, positive = worse, "
+        f"{report.level:.0%} paired bootstrap interval as in Table 3; {timing})",
         "",
-        "| method | knobs | n | score | vs unpruned | vs tuned | FLOP speedup | measured TTFT speedup |",
+        "| method | knobs | n | score | loss vs unpruned | loss vs tuned | FLOP speedup | measured TTFT speedup |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for p in report.points:
@@ -327,7 +320,7 @@ def markdown(report: MatchedReport, header: str) -> str:
         knobs = ", ".join(f"{k}={v:g}" for k, v in sorted(p.options.items())) or "-"
         lines.append(
             f"| {p.label if p.role == 'matched' else 'tuned schedule (lazyllm)'} | {knobs} | {p.n} | "
-            f"{p.score:.2f} | {p.vs_baseline} | {p.vs_tuned or '-'} | {p.flop_speedup:.2f}x | "
+            f"{p.score:.2f} | {vs(p.vs_baseline)} | {vs(p.vs_tuned)} | {p.flop_speedup:.2f}x | "
             f"{p.ttft_speedup:.2f}x |"
         )
     for method, best in report.unreachable.items():
@@ -347,12 +340,12 @@ def markdown(report: MatchedReport, header: str) -> str:
         "",
         "**All points** (also in matched.csv)",
         "",
-        "| point | n | score | vs unpruned | vs tuned | FLOP | TTFT |",
+        "| point | n | score | loss vs unpruned | loss vs tuned | FLOP | TTFT |",
     ]
     lines.append("|---|---|---|---|---|---|---|")
     for p in report.points:
         lines.append(
-            f"| {p.label} | {p.n} | {p.score:.2f} | {p.vs_baseline} | {p.vs_tuned or '-'} | "
+            f"| {p.label} | {p.n} | {p.score:.2f} | {vs(p.vs_baseline)} | {vs(p.vs_tuned)} | "
             f"{p.flop_speedup:.2f}x | {p.ttft_speedup:.2f}x |"
         )
     return "\n".join(lines) + "\n"
@@ -380,7 +373,8 @@ def plot(report: MatchedReport, path: Path, title: str) -> None:
         t = report.tuned
         ax.scatter(getattr(t, kind), t.score, marker="*", s=260, c="k", zorder=5, label="tuned schedule")
         ax.axhline(report.baseline_score, ls="--", c="gray", lw=1, label="unpruned")
-        ax.set_xlabel(f"{name} speedup (x, median over examples)")
+        what = "median over examples" if kind == "flop_speedup" else "tuner.speed, median-length example"
+        ax.set_xlabel(f"{name} speedup (x, {what})")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("score (macro over datasets)")
     axes[1].legend(fontsize=8, loc="best")
@@ -410,24 +404,30 @@ def run(
     evaluator: Evaluator,
     schedule: Schedule,
     baseline: Sequence[ExampleResult],
-    known: Mapping[str, Sequence[ExampleResult]] | None = None,
+    known: Mapping[str, Evaluated] | None = None,
 ) -> str:
     """The ``--match-speedup`` part of ``python -m tuner.evaluate``: compare, write, return the markdown.
 
     Peers come from ``--methods`` (all of :data:`lazyllm.peers.PEER_METHODS` if it names none); their
-    ``--method-options`` other than the size knob stay fixed. ``known``: results the caller already has
+    ``--method-options`` other than the size knob stay fixed. ``known``: results and timing the caller has
     for a method at its default knobs on the same examples (e.g. ``lazyllm``), used instead of rerunning.
     """
     known = known or {}
     model, tokenizer = evaluator.model, evaluator.tokenizer
     out = settings.out_dir
+    dims = ModelDims.from_config(model.config)
+    timing = evaluator.timing_example()
 
-    def runner(method: str, options: Mapping[str, float]) -> list[ExampleResult]:
+    def runner(method: str, options: Mapping[str, float]) -> Evaluated:
         if not options and method in known:
-            return list(known[method])
+            return known[method]
         generator = make_method(method, model, tokenizer, schedule, seed=settings.seed, options=options)
         results, _ = evaluator.evaluate(label_of(method, options), generator)
-        return results
+        flops = median_flop_speedup(method, options, schedule, dims, [len(timing.input_ids)])
+        speed = evaluator.measure_speed(
+            generator, timing, flops, rounds=settings.timing_rounds, clock=settings.timing_clock
+        )
+        return Evaluated(results, speed)
 
     fingerprint = json.dumps(
         {"eval": asdict(settings.eval_only()), "schedule": schedule.to_dict(), "seed": settings.seed},
@@ -439,7 +439,7 @@ def run(
         cached_run(runner, out / "matched", keys, fingerprint),
         baseline,
         schedule,
-        ModelDims.from_config(model.config),
+        dims,
         [len(ex.input_ids) for ex in evaluator.examples],
         peers=peers,
         fixed=settings.options_by_method,

@@ -135,7 +135,7 @@ class TrialRecord:
             "examples_run": self.examples_run,
             "loss": None if self.loss is None else self.loss.to_dict(),
             "speedup": self.speedup,
-            "speed": None if self.speed is None else _speed_dict(self.speed),
+            "speed": None if self.speed is None else self.speed.to_dict(),
             "stopped": self.stopped,
             "metrics": self.metrics,
             "per_dataset": self.per_dataset,
@@ -161,7 +161,7 @@ class TrialRecord:
             examples_run=int(data.get("examples_run", len(data.get("per_example", {})))),
             loss=None if loss is None else Estimate.from_dict(loss),
             speedup=None if data.get("speedup") is None else float(data["speedup"]),
-            speed=None if speed is None else _speed_from_dict(speed),
+            speed=None if speed is None else SpeedMeasurement.from_dict(speed),
             stopped=data.get("stopped"),
             metrics={k: float(v) for k, v in data.get("metrics", {}).items()},
             per_dataset={k: float(v) for k, v in data.get("per_dataset", {}).items()},
@@ -246,31 +246,3 @@ def _replace(record: TrialRecord, **changes: Any) -> TrialRecord:
     import dataclasses
 
     return dataclasses.replace(record, **changes)
-
-
-def _speed_dict(speed: SpeedMeasurement) -> dict[str, Any]:
-    return {
-        "speedup": speed.speedup,
-        "flop_speedup": speed.flop_speedup,
-        "baseline_s": list(speed.baseline_s),
-        "schedule_s": list(speed.schedule_s),
-        "remeasured": speed.remeasured,
-        "plausible": speed.plausible,
-        "bounds": list(speed.bounds),
-        "clock": speed.clock,
-        "ratio_to_flops": speed.ratio_to_flops,
-        "spread": speed.spread,
-    }
-
-
-def _speed_from_dict(speed: dict[str, Any]) -> SpeedMeasurement:
-    return SpeedMeasurement(
-        speedup=float(speed["speedup"]),
-        flop_speedup=float(speed["flop_speedup"]),
-        baseline_s=tuple(speed["baseline_s"]),
-        schedule_s=tuple(speed["schedule_s"]),
-        remeasured=bool(speed["remeasured"]),
-        plausible=bool(speed["plausible"]),
-        bounds=(float(speed["bounds"][0]), float(speed["bounds"][1])),
-        clock=str(speed.get("clock", "wall")),  # records before the CPU clock: wall
-    )

@@ -32,10 +32,13 @@ from lazyllm.schedule import Revival
 from tuner.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task
 from tuner.samplers import check_sampler, sampler_names
 from tuner.speed import CLOCKS
+from tuner.strict_yaml import load_strict
 
 STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
 SPEEDUP_MODES = ("measured", "total", "flops")
 ACCURACY_MODES = ("fidelity", "score")
+"""What a study minimises: teacher-forced KL to the unpruned model, or the task score (one definition;
+:mod:`tuner.records` validates a trial's accuracy mode against it)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -46,6 +49,30 @@ def _help(text: str, **extra: Any) -> dict[str, Any]:
 def _slug(text: str) -> str:
     """A folder-safe name part: path separators and odd characters become '-'."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "x"
+
+
+def _timing_rounds() -> Any:
+    """The timing-rounds setting of the search and of ``tuner.evaluate`` (declared once)."""
+    return field(default=3, metadata=_help("interleaved timings per side and measurement (min per side)"))
+
+
+def _timing_clock() -> Any:
+    """The timing-clock setting of the search and of ``tuner.evaluate`` (declared once)."""
+    return field(
+        default="auto",
+        metadata=_help(
+            "clock of the measured speedups: cpu (one thread, its CPU time; robust to background load), "
+            "wall, or auto (cpu on a CPU, wall on CUDA)",
+            choices=CLOCKS,
+        ),
+    )
+
+
+def _check_timing(rounds: int, clock: str) -> None:
+    if rounds < 1:
+        raise ValueError(f"timing_rounds = {rounds}: must be >= 1")
+    if clock not in CLOCKS:
+        raise ValueError(f"timing_clock = {clock!r}: must be one of {', '.join(CLOCKS)}")
 
 
 def _finite(name: str, value: float | None, *, low: float | None = None, strict: bool = False) -> None:
@@ -158,17 +185,8 @@ class SearchSettings(EvalSettings):
     confirm_k: int = field(
         default=3, metadata=_help("feasible front candidates re-scored on the task before recommending")
     )
-    timing_rounds: int = field(
-        default=3, metadata=_help("interleaved TTFT timings per side and trial (min per side)")
-    )
-    timing_clock: str = field(
-        default="auto",
-        metadata=_help(
-            "clock of the measured speedups: cpu (one thread, its CPU time; robust to background load), "
-            "wall, or auto (cpu on a CPU, wall on CUDA)",
-            choices=CLOCKS,
-        ),
-    )
+    timing_rounds: int = _timing_rounds()
+    timing_clock: str = _timing_clock()
     fidelity_top_k: int = field(default=64, metadata=_help("unpruned tokens per step kept for the KL"))
     fidelity_gold: bool = field(
         default=False, metadata=_help("also record the change in gold-answer log-likelihood (2nd pass)")
@@ -224,10 +242,7 @@ class SearchSettings(EvalSettings):
         if self.new_tokens is not None and self.new_tokens < 1:
             raise ValueError(f"new_tokens = {self.new_tokens}: must be >= 1 (or null for the answer length)")
         Revival.parse(self.revival)  # dynamic, frozen or budget:N; anything else is one line
-        if self.timing_rounds < 1:
-            raise ValueError(f"timing_rounds = {self.timing_rounds}: must be >= 1")
-        if self.timing_clock not in CLOCKS:
-            raise ValueError(f"timing_clock = {self.timing_clock!r}: must be one of {', '.join(CLOCKS)}")
+        _check_timing(self.timing_rounds, self.timing_clock)
         if self.fidelity_top_k < 1:
             raise ValueError(f"fidelity_top_k = {self.fidelity_top_k}: must be >= 1")
         if self.n_workers < 1:
@@ -297,6 +312,9 @@ class EvaluateSettings(EvalSettings):
         default=False,
         metadata=_help("also compare the peers (gemfilter, tsp) with the schedule at matched speed and loss"),
     )
+    # speedups are measured as the search measures them (tuner.speed)
+    timing_rounds: int = _timing_rounds()
+    timing_clock: str = _timing_clock()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -308,6 +326,7 @@ class EvaluateSettings(EvalSettings):
         if self.schedule is None and (self.match_speedup or any(needs_schedule(m) for m in self.method_list)):
             needing = [m for m in self.method_list if needs_schedule(m)] or ["--match-speedup"]
             raise ValueError(f"--schedule is needed for {', '.join(needing)}")
+        _check_timing(self.timing_rounds, self.timing_clock)
 
     @property
     def options_by_method(self) -> dict[str, dict[str, float]]:
@@ -349,9 +368,9 @@ def load_preset(name_or_path: str, cls: type[EvalSettings] = SearchSettings) -> 
             f"Unknown preset {name_or_path!r}. Available: {', '.join(available)} (or a YAML path)"
         )
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_strict(path.read_text()) or {}  # a key given twice is an error, as in a search space
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ValueError(f"preset {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"preset {path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"preset {path} must be a mapping of setting: value")
     known = set().union(*(_field_names(c) for c in _PRESET_CLASSES))

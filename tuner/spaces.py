@@ -36,6 +36,7 @@ import yaml
 from optuna.trial import BaseTrial
 
 from lazyllm.schedule import Schedule
+from tuner.strict_yaml import load_strict
 
 SEARCH_SPACE_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 """The folder of named search spaces: ``<name>.yaml``."""
@@ -583,25 +584,6 @@ MAX_SPACE_BYTES = 100_000
 """A search space file is a dozen lines; anything larger is refused before it is parsed."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice is an error (not silently the last)."""
-
-
-def _mapping_once(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} is given twice", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
-
-
 def load_space(name_or_path: str | Path) -> SearchSpace:
     """The space named ``name_or_path`` (a file ``search_spaces/<name>.yaml``), or the YAML file at
     that path (anything ending in ``.yaml``/``.yml`` or holding a path separator).
@@ -621,7 +603,7 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
             raise ValueError(
                 f"search space file {path} is {size} bytes; a search space is at most {MAX_SPACE_BYTES}"
             )
-        data = yaml.load(path.read_bytes().decode("utf-8-sig"), Loader=_StrictLoader)
+        data = load_strict(path.read_bytes().decode("utf-8-sig"))
     except OSError as exc:
         raise ValueError(f"cannot read search space file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -96,6 +96,21 @@ class SpeedMeasurement:
         out.update(ratio_to_flops=self.ratio_to_flops, spread=self.spread, rounds=self.rounds)
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeedMeasurement:
+        """Inverse of :meth:`to_dict` (derived keys ignored; a record without ``clock`` is ``wall``,
+        the only clock before the CPU clock existed)."""
+        return cls(
+            speedup=float(data["speedup"]),
+            flop_speedup=float(data["flop_speedup"]),
+            baseline_s=tuple(float(t) for t in data["baseline_s"]),
+            schedule_s=tuple(float(t) for t in data["schedule_s"]),
+            remeasured=bool(data["remeasured"]),
+            plausible=bool(data["plausible"]),
+            bounds=(float(data["bounds"][0]), float(data["bounds"][1])),
+            clock=str(data.get("clock", "wall")),
+        )
+
 
 def min_ratio(
     baseline_s: list[float] | tuple[float, ...], schedule_s: list[float] | tuple[float, ...]

@@ -1,5 +1,9 @@
 """Uncertainty of per-example averages: mean, standard error, bootstrap intervals, one-sided bounds.
 
+This module holds the **one** bootstrap of the project: every interval of every report (the
+search's constraint, confirmation, the held-out check, ``tuner.evaluate``'s Table 3 and its
+matched-speed report, the benchmarks) comes from :func:`estimate` / :func:`paired_estimate`.
+
 Every accuracy number of a study is an average over examples, usually a **macro** average (each
 dataset weighs the same however many examples it has). Here such an average is a weighted mean
 ``m = sum(w_i x_i) / sum(w_i)`` with fixed per-example weights (``macro_weights``), and:
@@ -7,10 +11,17 @@ dataset weighs the same however many examples it has). Here such an average is a
 * the standard error is the usual one of a weighted mean,
   ``se = sqrt(n / (n - 1) * sum((w_i / W)^2 (x_i - m)^2))``, which for equal weights is
   ``stdev(x) / sqrt(n)``;
-* the bootstrap resamples *examples* (not datasets) ``n_boot`` times with a fixed seed and recomputes
-  the weighted mean of each resample, so datasets with a single example still contribute variance;
-* a **paired** comparison (schedule vs baseline, or schedule A vs B on the same examples) bootstraps
-  the per-example differences, which cancels how hard each example is;
+* the bootstrap resamples *examples* ``n_boot`` times with a fixed seed and recomputes the weighted
+  mean of each resample. Two options say how (:func:`resample_indices`):
+
+  - ``strata=None`` (the default): any example can fill any position, so datasets with a single
+    example still contribute variance;
+  - ``strata=[dataset of each example]``: each position draws only from its own dataset, so every
+    resample keeps each dataset's size and never mixes datasets;
+
+* a **paired** comparison bootstraps the per-example differences (the same draw for both sides),
+  which cancels how hard each example is. The sign convention is one: **loss = baseline - method**,
+  so a method that scores below its baseline has a *positive* loss;
 * the two-sided interval at ``level`` is the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of
   the bootstrap means, the one-sided upper bound the ``level`` quantile ("with ``level`` confidence
   the true loss is at most this").
@@ -72,19 +83,42 @@ def standard_error(values: Sequence[float], weights: Sequence[float] | None = No
     return float(math.sqrt(n / (n - 1) * float(np.sum(share**2 * (x - m) ** 2))))
 
 
+def resample_indices(
+    n: int, strata: Sequence[str] | None = None, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED
+) -> np.ndarray:
+    """``[n_boot, n]`` bootstrap draws: row ``b``, column ``j`` is the example that fills position ``j``.
+
+    Without ``strata`` any example fills any position. With ``strata`` (one label per example, e.g. its
+    dataset) position ``j`` draws only from the examples of ``strata[j]``: each stratum keeps its size.
+    """
+    if n_boot < 1:
+        raise ValueError(f"n_boot = {n_boot}: must be >= 1")
+    if n < 1:
+        raise ValueError(f"n = {n}: need at least one example to resample")
+    rng = np.random.default_rng(seed)
+    if strata is None:
+        return rng.integers(0, n, size=(n_boot, n))
+    if len(strata) != n:
+        raise ValueError(f"{len(strata)} strata labels for {n} examples: give one label per example")
+    idx = np.empty((n_boot, n), dtype=np.int64)
+    for label in dict.fromkeys(strata):  # first-appearance order: the same draws for the same input
+        members = np.array([i for i, s in enumerate(strata) if s == label])
+        idx[:, members] = members[rng.integers(0, members.size, size=(n_boot, members.size))]
+    return idx
+
+
 def bootstrap_means(
     values: Sequence[float],
     weights: Sequence[float] | None = None,
     *,
+    strata: Sequence[str] | None = None,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
 ) -> np.ndarray:
-    """``[n_boot]`` weighted means of examples resampled with replacement (fixed ``seed``)."""
+    """``[n_boot]`` weighted means of examples resampled with replacement (fixed ``seed``; ``strata``
+    as in :func:`resample_indices`)."""
     x, w = _arrays(values, weights)
-    if n_boot < 1:
-        raise ValueError(f"n_boot = {n_boot}: must be >= 1")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.shape[0], size=(n_boot, x.shape[0]))  # [n_boot, n]
+    idx = resample_indices(x.shape[0], strata, n_boot=n_boot, seed=seed)  # [n_boot, n]
     ws = w[idx]
     return np.asarray((ws * x[idx]).sum(axis=1) / ws.sum(axis=1))
 
@@ -150,13 +184,22 @@ def estimate(
     values: Sequence[float],
     weights: Sequence[float] | None = None,
     *,
+    strata: Sequence[str] | None = None,
     level: float = DEFAULT_LEVEL,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
 ) -> Estimate:
-    """Mean, standard error, two-sided interval and one-sided upper bound of ``values``."""
+    """Mean, standard error, two-sided interval and one-sided upper bound of ``values``.
+
+    Args:
+        values: one number per example.
+        weights: per-example weights (``macro_weights(datasets)`` for a macro average; None: equal).
+        strata: one label per example to resample within (None: resample across all examples).
+        level: confidence level of the interval and of the one-sided bound, in [0.5, 1).
+        n_boot, seed: bootstrap draws and their seed.
+    """
     check_level(level)
-    means = bootstrap_means(values, weights, n_boot=n_boot, seed=seed)
+    means = bootstrap_means(values, weights, strata=strata, n_boot=n_boot, seed=seed)
     lo, hi, up = np.quantile(means, [(1 - level) / 2, (1 + level) / 2, level])
     return Estimate(
         value=weighted_mean(values, weights),
@@ -170,23 +213,28 @@ def estimate(
 
 
 def paired_estimate(
-    reference: Sequence[float],
-    other: Sequence[float],
+    baseline: Sequence[float],
+    method: Sequence[float],
     weights: Sequence[float] | None = None,
     *,
+    strata: Sequence[str] | None = None,
     level: float = DEFAULT_LEVEL,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
 ) -> Estimate:
-    """The mean of ``reference[i] - other[i]`` with its uncertainty (examples resampled as pairs).
+    """The paired bootstrap: the loss ``mean(baseline[i] - method[i])`` with its uncertainty.
 
-    With ``reference`` the baseline's per-example scores and ``other`` a schedule's, this is the
-    accuracy loss; a positive value means the schedule scores lower.
+    Examples are resampled as pairs (the same draw for both sides). **Sign**: positive = the method
+    scores below the baseline (worse); this is the one convention of every report. ``weights`` and
+    ``strata`` as in :func:`estimate`.
+
+    >>> paired_estimate([1.0, 1.0], [0.0, 1.0]).value   # the method lost one of two points
+    0.5
     """
-    if len(reference) != len(other):
-        raise ValueError(f"paired lists differ in length ({len(reference)} vs {len(other)})")
-    diffs = [a - b for a, b in zip(reference, other)]
-    return estimate(diffs, weights, level=level, n_boot=n_boot, seed=seed)
+    if len(baseline) != len(method):
+        raise ValueError(f"paired lists differ in length ({len(baseline)} vs {len(method)})")
+    diffs = [a - b for a, b in zip(baseline, method)]
+    return estimate(diffs, weights, strata=strata, level=level, n_boot=n_boot, seed=seed)
 
 
 def upper_bound_normal(

@@ -57,6 +57,7 @@ from tuner.outcome import StudyOutcome
 from tuner.records import TrialRecord
 from tuner.redact import redact_text, redact_url
 from tuner.settings import SearchSettings
+from tuner.stores import sqlite_path
 from tuner.workers import never_ran
 
 EXPERIMENT = "lazyllm-tuner"
@@ -101,8 +102,8 @@ def check_reachable(uri: str) -> None:
                 f"MLflow tracking server {redact_url(uri)} is not reachable ({reason}); "
                 "start it or pass another --tracking-uri"
             ) from None
-    elif uri.startswith("sqlite:///"):
-        folder = Path(uri[len("sqlite:///") :]).parent
+    elif (file := sqlite_path(uri)) is not None:
+        folder = file.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -167,8 +168,8 @@ class Tracker:
         if found is not None:
             return str(found.experiment_id)
         location = None
-        if self.uri.startswith("sqlite:///"):
-            location = (Path(self.uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
+        if (file := sqlite_path(self.uri)) is not None:
+            location = (file.parent / "mlartifacts").resolve().as_uri()
         try:
             return str(self.client.create_experiment(EXPERIMENT, artifact_location=location))
         except MlflowException:  # another worker created it first

@@ -3,7 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lazyllm.models import ModelLoadError, load_model, resolve
+from lazyllm.baselines import static_pruning
+from lazyllm.engine import LazyLLM
+from lazyllm.models import ModelLoadError, load_model, model_name, resolve
+from lazyllm.schedule import Schedule
 from tests.support import make_tiny
 
 
@@ -50,3 +53,18 @@ def test_engine_imports_no_optuna_or_mlflow() -> None:
     code = "import sys, lazyllm, lazyllm.baselines, lazyllm.generate; print(sorted(m for m in ('optuna', 'mlflow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_one_model_name_helper_names_every_schedule() -> None:
+    """lazyllm.models.model_name is the one rule: config.name_or_path, else the class name."""
+    model = make_tiny("llama")
+    layers = int(model.config.num_hidden_layers)
+    model.config.name_or_path = ""
+    assert model_name(model) == type(model).__name__
+    assert static_pruning(model, 0.5).schedule.model == type(model).__name__  # a baseline uses it
+    # the engine's strict name check reads the same name
+    LazyLLM(model, Schedule.keep_all(type(model).__name__, layers), strict_model_name=True)
+    model.config.name_or_path = "some/checkpoint"
+    assert model_name(model) == "some/checkpoint" == static_pruning(model, 0.5).schedule.model
+    with pytest.raises(ValueError, match="some/checkpoint"):
+        LazyLLM(model, Schedule.keep_all(type(model).__name__, layers), strict_model_name=True)

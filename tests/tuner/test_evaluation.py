@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def test_keep_all_lazyllm_equals_baseline_and_cache_is_reused(
     assert [r.prediction for r in results] == [b.prediction for b in baseline]
     summary = summarize(results, baseline)
     assert summary["accuracy_loss"] == 0.0 and summary["n_examples"] == 6
-    assert all(r.ttft_speedup > 0 and r.baseline_ttft_s > 0 for r in results)
+    assert all(r.ttft_s > 0 and r.total_s > 0 for r in results)
 
     # a second evaluator finds everything in the cache and never runs the baseline again
     again = Evaluator(model, tokenizer, config(), tmp_path, progress=False)
@@ -77,6 +78,25 @@ def test_keep_all_lazyllm_equals_baseline_and_cache_is_reused(
 
 def tiny_path(model: Any) -> str:
     return str(model.config.name_or_path)
+
+
+def test_speed_is_measured_by_tuner_speed_and_keep_all_is_about_1x(
+    loaded: tuple[Any, Any], tmp_path: Path
+) -> None:
+    model, tokenizer = loaded
+    evaluator = Evaluator(model, tokenizer, config(), tmp_path, progress=False)
+    lengths = sorted(len(e.input_ids) for e in evaluator.examples)
+    timing = evaluator.timing_example()
+    assert len(timing.input_ids) in lengths[2:4]  # the example of median prompt length (6 examples)
+    keep_all = make_method("lazyllm", model, tokenizer, Schedule.keep_all(tiny_path(model), 4))
+    speed = evaluator.measure_speed(keep_all, timing, 1.0, rounds=3)
+    assert speed.clock == "cpu" and speed.example == timing.key  # auto = the thread clock on a CPU
+    for m in (speed.ttft, speed.total):
+        assert m.rounds >= 3 and len(m.schedule_s) == m.rounds  # interleaved rounds, every timing kept
+        assert m.speedup == min(m.baseline_s) / min(m.schedule_s)  # minimum per side
+        assert 0.5 <= m.speedup <= 2.0  # keep-all does the unpruned work: no real speedup or slowdown
+    with pytest.raises(ValueError, match="timing clock = 'nope'"):
+        evaluator.measure_speed(keep_all, timing, 1.0, clock="nope")
 
 
 def test_early_stop_and_overwrite(loaded: tuple[Any, Any], tmp_path: Path) -> None:
@@ -120,5 +140,25 @@ def test_report_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFix
     low, high = summary["accuracy_loss_interval"]
     row = f"| static | 6 | {summary['accuracy_loss']:.2f} | [{low:.2f}, {high:.2f}] | {summary['accuracy_loss_upper']:.2f} |"
     assert "Table 3" in out and row in out and "| baseline | 6 |" not in out
+    # speedups come from tuner.speed, and the report says on which clock and with how many rounds
+    speed = summary["speed"]
+    assert speed["clock"] == summary["timing_clock"] == "cpu" and speed["ttft"]["rounds"] >= 3
+    assert summary["ttft_speedup"] == min(speed["ttft"]["baseline_s"]) / min(speed["ttft"]["schedule_s"])
+    assert "clock cpu" in out and "interleaved rounds per side" in out
+    rows = list(csv.DictReader((tmp_path / "report" / "report.csv").open()))
+    assert {r["timing_clock"] for r in rows if r["method"] != "baseline"} == {"cpu"}
     assert evaluate_cli.main([*argv[:-2], "--output", str(tmp_path / "report"), "--methods", "bogus"]) == 2
     assert "Unknown method 'bogus'" in capsys.readouterr().err
+
+
+def test_method_speed_round_trips_through_json() -> None:
+    """The matched-speed cache stores each point's timing as JSON and reads it back unchanged."""
+    from tuner.evaluation import MethodSpeed
+    from tuner.speed import measure_speedup
+
+    base, pruned = iter([2.0, 2.2, 2.1]), iter([1.1, 1.0, 1.3])
+    ttft = measure_speedup(lambda: next(base), lambda: next(pruned), 2.0, rounds=3, clock="cpu")
+    total = measure_speedup(lambda: 3.0, lambda: 2.0, 1.5, rounds=2, clock="cpu")
+    speed = MethodSpeed("qasper/7", 480, 32, ttft, total)
+    assert MethodSpeed.from_dict(json.loads(json.dumps(speed.to_dict()))) == speed
+    assert speed.ttft.speedup == 2.0 / 1.0 and speed.clock == "cpu" and speed.ttft.rounds == 3

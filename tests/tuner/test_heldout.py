@@ -10,7 +10,7 @@ from tuner.stages.heldout import families, hand_made_grid, one_stage_grid, verdi
 
 
 def _r(dataset: str, score: float, i: int) -> ExampleResult:
-    return ExampleResult(dataset, str(i), "lazyllm", "", score, 1.0, 1.0, 10, 1, 1.0, 1.0, 1.0, 1.0)
+    return ExampleResult(dataset, str(i), "lazyllm", "", score, 1.0, 1.0, 10, 1, 1.0)
 
 
 def test_one_stage_grid_prunes_once_to_the_named_share() -> None:

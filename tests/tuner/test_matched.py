@@ -5,46 +5,68 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from lazyllm.flops import ModelDims
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner import evaluate as evaluate_cli
-from tuner.evaluation import ExampleResult
-from tuner.matched import Interval, Point, label_of, paired_bootstrap, speedup_at_loss
+from tuner.evaluation import ExampleResult, MethodSpeed, summarize
+from tuner.matched import Evaluated, Point, compare, label_of, markdown, speedup_at_loss
+from tuner.speed import SpeedMeasurement
+from tuner.stats import Estimate
+
+NUMBER = r"[-+]?\d+\.\d+"
 
 
 def _result(dataset: str, i: int, score: float, method: str = "m") -> ExampleResult:
     return ExampleResult(
         dataset=dataset, record_id=str(i), method=method, prediction="", score=score, ttft_s=1.0,
-        total_s=1.0, prompt_tokens=10, new_tokens=1, prompt_computed_fraction=1.0, baseline_ttft_s=1.0,
-        ttft_speedup=1.0, total_speedup=1.0,
+        total_s=1.0, prompt_tokens=10, new_tokens=1, prompt_computed_fraction=1.0,
     )  # fmt: skip
 
 
-def test_paired_bootstrap_difference_and_interval() -> None:
-    # dataset a: 4 examples, scores vary a lot; dataset b: 2 examples
-    base = [_result("a", i, s) for i, s in enumerate([0.0, 1.0, 0.0, 1.0])] + [
-        _result("b", i, s) for i, s in enumerate([0.5, 0.5])
-    ]
-    # the same predictions: the paired difference is exactly 0 on every draw, however varied the scores
-    assert paired_bootstrap(base, base) == Interval(0.0, 0.0, 0.0)
-    # one example of a gains a full point: macro difference = (100 * 1/4 + 0) / 2 = 12.5
-    better = [_result("a", 0, 1.0), *base[1:]]
-    interval = paired_bootstrap(better, base, seed=1)
-    assert interval.value == pytest.approx(12.5)
-    assert interval.low == pytest.approx(0.0) and 12.5 < interval.high <= 50.0
-    assert paired_bootstrap(better, base, seed=1) == interval  # seeded
-    with pytest.raises(ValueError, match="same examples"):
-        paired_bootstrap([_result("c", 0, 1.0)], base)
+def _speed(ratio: float) -> MethodSpeed:
+    def one() -> SpeedMeasurement:
+        return SpeedMeasurement(ratio, 1.0, (ratio, ratio), (1.0, 1.0), False, True, clock="cpu")
+
+    return MethodSpeed("a/0", 10, 1, one(), one())
+
+
+def test_the_report_shows_one_interval_per_schedule() -> None:
+    """Table 3 and the matched-speed table print the same loss and interval for the tuned schedule
+    (on main they were two bootstraps: 90% macro loss vs 95% within-dataset score change)."""
+    scores = [0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.5, 0.5, 0.25, 1.0]
+    base = [_result("a" if i < 8 else "b", i, s) for i, s in enumerate(scores)]
+    tuned = [_result(r.dataset, int(r.record_id), s) for r, s in zip(base, [0.0, 1.0, 0.0, 0.0, 1.0, 0.0,
+             1.0, 0.0, 0.5, 0.25, 0.25, 1.0])]  # fmt: skip
+    table3 = evaluate_cli.loss_table({"lazyllm": summarize(tuned, base, _speed(1.2))})
+    dims = ModelDims(
+        hidden=32, intermediate=64, heads=4, kv_heads=2, head_dim=8, vocab=100, windows=(None,) * 4
+    )
+    report = compare(
+        lambda method, options: Evaluated(tuned, _speed(1.2)),
+        base, Schedule.from_layers("m", 4, {1: 50}), dims, [10] * len(base), peers=(),
+    )  # fmt: skip
+    matched_md = markdown(report, "header")
+    row3 = next(line for line in table3.splitlines() if line.startswith("| lazyllm |"))
+    loss, low, high, _upper = (float(x) for x in re.findall(NUMBER, row3))
+    row_m = next(line for line in matched_md.splitlines() if line.startswith("| tuned schedule (lazyllm) |"))
+    value, m_low, m_high = (float(x) for x in re.findall(NUMBER, row_m.split("|")[5]))
+    assert loss > 0 and low < high  # the tuned schedule lost points; the interval is not degenerate
+    assert (value, m_low, m_high) == (loss, low, high)
+    assert "90% paired bootstrap" in table3 and "90% paired bootstrap" in matched_md
+    assert "clock cpu" in matched_md
 
 
 def _point(loss: float, flop: float, ttft: float) -> Point:
     return Point(
         label=f"p{flop}", method="gemfilter", options={}, role="sweep", n=3, score=50 - loss,
-        vs_baseline=Interval(-loss, -loss, -loss), vs_tuned=None, flop_speedup=flop, ttft_speedup=ttft,
+        vs_baseline=Estimate(loss, 0.0, loss, loss, loss, 0.9, 3), vs_tuned=None, flop_speedup=flop,
+        ttft_speedup=ttft,
     )  # fmt: skip
 
 
@@ -85,8 +107,9 @@ def test_match_speedup_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.Cap
     for r in rows[1:]:
         options = json.loads(r["options"])
         assert options.get("r", 2) == 2 and options.get("layer", 1) == 1  # the fixed knobs stayed
-        lo, hi = float(r["delta_vs_baseline_low"]), float(r["delta_vs_baseline_high"])
-        assert lo <= float(r["delta_vs_baseline"]) <= hi
+        lo, hi = float(r["loss_vs_baseline_low"]), float(r["loss_vs_baseline_high"])
+        assert lo <= float(r["loss_vs_baseline"]) <= hi
+        assert r["timing_clock"] == "cpu" and int(r["timing_rounds"]) >= 3  # tuner.speed, on a CPU
         if r["role"] == "matched":
             # matched at the median prompt length; every example's speedup is near the target
             assert float(r["flop_speedup"]) == pytest.approx(target, rel=0.1)
@@ -142,3 +165,10 @@ def test_the_tuned_schedule_is_evaluated_once(tiny_folder: Path, tmp_path: Path)
     tuned = [json.loads(line) for line in (folder / "matched" / "lazyllm.jsonl").read_text().splitlines()]
     # timings differ between two runs of the same method, so equal timings mean one run
     assert len(main) == len(tuned) == 6 and [r["ttft_s"] for r in main] == [r["ttft_s"] for r in tuned]
+    # and the report gives it one loss interval: Table 3's is the matched table's
+    summary = json.loads((folder / "lazyllm.summary.json").read_text())
+    low, high = summary["accuracy_loss_interval"]
+    row = next(
+        x for x in (folder / "matched.md").read_text().splitlines() if x.startswith("| tuned schedule")
+    )
+    assert f"| {summary['accuracy_loss']:+.2f} [{low:+.2f}, {high:+.2f}] |" in row

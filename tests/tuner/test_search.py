@@ -119,7 +119,7 @@ def test_settings_precedence(tmp_path: Path) -> None:
 
 
 def _result(dataset: str, score: float) -> ExampleResult:
-    return ExampleResult(dataset, "id", "lazyllm", "", score, 1.0, 1.0, 10, 1, 1.0, 1.0, 1.0, 1.0)
+    return ExampleResult(dataset, "id", "lazyllm", "", score, 1.0, 1.0, 10, 1, 1.0)
 
 
 def test_optimistic_loss_bound() -> None:

@@ -20,6 +20,7 @@ from tuner.settings import (
     load_preset,
     resolve_settings,
 )
+from tuner.spaces import load_space
 
 
 def test_search_and_evaluate_share_the_evaluation_fields() -> None:
@@ -98,6 +99,21 @@ def test_evaluate_settings_refuse_bad_values() -> None:
         EvaluateSettings(methods=" , ")
 
 
+def test_a_preset_key_given_twice_is_refused_like_in_a_search_space(tmp_path: Path) -> None:
+    """Presets and search spaces are read by one strict loader (tuner.strict_yaml): the second
+    ``n_trials`` used to win silently."""
+    preset = tmp_path / "twice.yaml"
+    preset.write_text("task: qa\nn_trials: 4\nmax_prompt_tokens: 512\nn_trials: 40\n")
+    with pytest.raises(ValueError) as info:
+        resolve_settings(str(preset), {})
+    message = str(info.value)
+    assert "'n_trials' is given twice" in message and str(preset) in message and "\n" not in message
+    space = tmp_path / "space.yaml"
+    space.write_text("kind: stages\nkind: stages\n")
+    with pytest.raises(ValueError, match="'kind' is given twice"):
+        load_space(str(space))
+
+
 def test_preset_types_are_checked(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     for text, fragment in (
@@ -139,3 +155,22 @@ def test_sampler_registry() -> None:
         assert make_sampler(name, seed=0, n_trials=12) is not make_sampler(name, seed=0, n_trials=12)
     with pytest.raises(ValueError, match=r"Unknown sampler 'cma'\. Available: gp, nsga2, random, tpe"):
         make_sampler("cma", 0, 10)
+
+
+def test_accuracy_modes_are_defined_once() -> None:
+    """One definition (tuner.settings); tuner.records imports it instead of keeping a copy."""
+    import ast
+
+    import tuner.records
+    import tuner.settings
+
+    folder = Path(tuner.settings.__file__).parent
+    defining = sorted(
+        path.name
+        for path in folder.glob("*.py")
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "ACCURACY_MODES" for t in node.targets)
+    )
+    assert defining == ["settings.py"]
+    assert tuner.records.ACCURACY_MODES is tuner.settings.ACCURACY_MODES

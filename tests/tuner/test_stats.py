@@ -14,6 +14,7 @@ from tuner.stats import (
     macro_weights,
     paired_estimate,
     ranks,
+    resample_indices,
     spearman,
     standard_error,
     upper_bound_normal,
@@ -95,3 +96,87 @@ def test_ranks_and_spearman_by_hand() -> None:
     # d = (0, 0, 1, -1): 1 - 6 * 2 / (4 * 15) = 0.8
     assert spearman([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 4.0, 3.0]) == pytest.approx(0.8)
     assert math.isnan(spearman([1.0, 2.0], [5.0, 5.0]))
+
+
+# The one paired bootstrap (issue 18): coverage, strata, sign, level --------------------------------
+def _simulated_pair(
+    rng: np.random.Generator, sizes: dict[str, int]
+) -> tuple[list[float], list[float], list[str]]:
+    """Baseline and method scores per example; dataset d's true loss is ``LOSS[d]`` points."""
+    base: list[float] = []
+    method: list[float] = []
+    groups: list[str] = []
+    for d, n in sizes.items():
+        difficulty = rng.normal(50.0, 20.0, size=n)  # shared by both sides: the pairing cancels it
+        base += list(difficulty)
+        method += list(difficulty - LOSS[d] + rng.normal(0.0, 4.0, size=n))
+        groups += [d] * n
+    return base, method, groups
+
+
+LOSS = {"a": 1.0, "b": 3.0}
+TRUE_MACRO_LOSS = 2.0  # the mean of the per-dataset losses
+
+
+@pytest.mark.parametrize("stratified", [False, True])
+@pytest.mark.parametrize("level", [0.8, 0.95])
+def test_interval_covers_the_true_loss_at_the_nominal_rate(stratified: bool, level: float) -> None:
+    rng = np.random.default_rng(2026)
+    trials, hits = 300, 0
+    for t in range(trials):
+        base, method, groups = _simulated_pair(rng, {"a": 30, "b": 12})
+        est = paired_estimate(
+            base, method, macro_weights(groups), strata=groups if stratified else None,
+            level=level, n_boot=400, seed=t,
+        )  # fmt: skip
+        hits += est.low <= TRUE_MACRO_LOSS <= est.high
+    # binomial sd at p=0.8, n=300 is 0.023; percentile intervals run a little narrow at these sizes
+    assert level - 0.07 <= hits / trials <= level + 0.04
+
+
+def test_a_stratified_resample_never_mixes_datasets() -> None:
+    strata = ["a"] * 5 + ["b"] * 2 + ["c"] + ["a"] * 3
+    idx = resample_indices(len(strata), strata, n_boot=500, seed=1)
+    assert idx.shape == (500, len(strata))
+    labels = np.array(strata)
+    assert (labels[idx] == labels[None, :]).all()  # every position drew from its own dataset
+    assert (idx[:, 7] == 7).all()  # a dataset of one example always draws that example
+    # without strata positions draw from anywhere: resamples do mix datasets
+    free = resample_indices(len(strata), None, n_boot=500, seed=1)
+    assert (labels[free] != labels[None, :]).any()
+    with pytest.raises(ValueError, match="one label per example"):
+        resample_indices(3, ["a", "b"])
+
+
+def test_stratified_bootstrap_is_the_macro_mean_of_each_dataset_resample() -> None:
+    """With macro weights and strata, each draw is the mean over datasets of the per-dataset means (the
+    statistic tuner.matched's own bootstrap used to compute)."""
+    values = [0.0, 1.0, 0.0, 1.0, 0.5, 0.25, 2.0]
+    groups = ["a", "a", "a", "a", "b", "b", "c"]
+    idx = resample_indices(len(values), groups, n_boot=50, seed=4)
+    x, g = np.array(values), np.array(groups)
+    by_hand = np.mean([x[idx][:, g == d].mean(axis=1) for d in ("a", "b", "c")], axis=0)
+    means = bootstrap_means(values, macro_weights(groups), strata=groups, n_boot=50, seed=4)
+    np.testing.assert_allclose(means, by_hand)
+
+
+def test_loss_sign_is_baseline_minus_method() -> None:
+    base = [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    worse = [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    est = paired_estimate(base, worse)
+    assert est.value == pytest.approx(2 / 6) and est.value > 0 and est.low >= 0  # worse = positive loss
+    assert paired_estimate(worse, base).value == pytest.approx(-2 / 6)  # better = negative loss
+
+
+def test_level_is_honoured() -> None:
+    rng = np.random.default_rng(5)
+    base, method, groups = _simulated_pair(rng, {"a": 20, "b": 20})
+    w = macro_weights(groups)
+    narrow = paired_estimate(base, method, w, level=0.5)
+    wide = paired_estimate(base, method, w, level=0.95)
+    assert (narrow.level, wide.level) == (0.5, 0.95)
+    assert wide.low < narrow.low < narrow.high < wide.high  # same draws: nested quantiles
+    diffs = [a - b for a, b in zip(base, method)]
+    means = bootstrap_means(diffs, w)
+    assert wide.high == pytest.approx(float(np.quantile(means, 0.975)))
+    assert wide.upper == pytest.approx(float(np.quantile(means, 0.95)))

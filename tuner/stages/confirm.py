@@ -228,7 +228,7 @@ def confirm_pooled(
     direct: dict[int, Estimate] = {}
     for r in spread(drifting, k):
         results, _ = runner.evaluator.evaluate(
-            "lazyllm", runner.engine(r.schedule), paired_timing=False, desc=f"task score of trial {r.number}"
+            "lazyllm", runner.engine(r.schedule), desc=f"task score of trial {r.number}"
         )
         base = {(b.dataset, b.record_id): b.score for b in runner.baseline.results}
         task = {

@@ -226,7 +226,7 @@ def heldout_check(
     results: dict[str, list[ExampleResult]] = {}
     for label, sched, val_speed, val_loss, val_task in candidates:
         engine = test_runner.engine(sched)
-        res, _ = test.evaluate("lazyllm", engine, desc=f"{label} (test)", paired_timing=False)
+        res, _ = test.evaluate("lazyllm", engine, desc=f"{label} (test)")
         results[label] = res
         flops = flop_speedup(sched, test_runner.dims, test_runner.prompt_tokens)
         speed = test_runner.measure_speed(engine, sched)
