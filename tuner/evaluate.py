@@ -42,7 +42,7 @@ from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator, Example, ExampleResult, MethodSpeed, summarize, write_results
 from tuner.longbench import DATASETS
 from tuner.metrics import task_score
-from tuner.settings import EvaluateSettings, add_flags, resolve_settings
+from tuner.settings import EvaluateSettings, add_flags, settings_from_flags
 
 COMPUTE_MATCHED = frozenset({"random", "static", "compression"})
 """Baselines built to compute what the schedule computes (:mod:`lazyllm.methods`): the FLOP model
@@ -206,10 +206,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> EvaluateSettings:
-    values = dict(vars(args))
-    preset = values.pop("preset")
-    values.pop("debug", None)
-    return resolve_settings(preset, values, EvaluateSettings)
+    return settings_from_flags(args, EvaluateSettings)
 
 
 def evaluate(settings: EvaluateSettings) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from lazyllm.cli import USER_ERRORS, cli_main, one_line
 from tuner.redact import redact_text
-from tuner.settings import EvalSettings, SearchSettings, add_flags, resolve_settings
+from tuner.settings import EvalSettings, SearchSettings, add_flags, settings_from_flags
 
 RESUME_HINT = "interrupted: finished trials are saved; rerun the same command to resume"
 
@@ -41,10 +41,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> SearchSettings:
-    values = dict(vars(args))
-    preset = values.pop("preset")
-    values.pop("debug", None)
-    return resolve_settings(preset, values, SearchSettings)
+    return settings_from_flags(args, SearchSettings)
 
 
 def parse_settings(argv: Sequence[str] | None) -> SearchSettings:

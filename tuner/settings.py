@@ -402,6 +402,14 @@ def resolve_settings(
         raise ValueError(f"bad settings: {exc}") from None
 
 
+def settings_from_flags(args: Any, cls: type[S]) -> S:
+    """Settings of type ``cls`` from parsed flags: ``--preset`` (if any), then every flag given."""
+    values = dict(vars(args))
+    preset = values.pop("preset", None)
+    values.pop("debug", None)
+    return resolve_settings(preset, values, cls)
+
+
 _SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 
