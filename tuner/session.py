@@ -24,14 +24,14 @@ from tqdm.auto import tqdm
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
 from tuner.confirm import confirm, record_confirmation, write_confirmation
-from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator
 from tuner.heldout import heldout_check
+from tuner.preflight import check_search
 from tuner.redact import redact_url
 from tuner.results import export_study
 from tuner.settings import SearchSettings
 from tuner.spaces import load_space
-from tuner.stores import check_storage, check_tracking_store, prepare_mlflow_store
+from tuner.stores import prepare_mlflow_store
 from tuner.study import (
     BaselineStats,
     StudyRunner,
@@ -42,7 +42,7 @@ from tuner.study import (
     study_lock,
     warm_start,
 )
-from tuner.tracking import Tracker, check_reachable, default_tracking_uri, wanted
+from tuner.tracking import Tracker, default_tracking_uri, wanted
 from tuner.workers import run_trials, worker_device, worker_threads
 
 
@@ -78,17 +78,8 @@ class Progress:
 
 
 def preflight(settings: SearchSettings) -> None:
-    """Every check that needs no model and writes nothing: search space, data, storage, tracking."""
-    load_space(settings.search_space)  # an unknown or malformed space fails here
-    resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
-    # a server answers, a SQLite path is a SQLite file (or nothing yet)
-    check_storage(settings.storage_url, folder=settings.storage is not None)
-    if wanted(settings):
-        given = settings.tracking_uri is not None  # the default lives in the output folder (checked next)
-        uri = settings.tracking_uri or default_tracking_uri(settings)
-        check_tracking_store(uri, folder=given)
-        if given:
-            check_reachable(uri)  # a server answers /health (a SQLite store's folder is made: last step)
+    """Every check that needs no model and writes nothing (:func:`tuner.preflight.check_search`)."""
+    check_search(settings)
 
 
 def check_output(settings: SearchSettings) -> None:

@@ -1,8 +1,9 @@
 """The study's two databases (the Optuna storage and the MLflow tracking store): checked before
 anything is written, and created so that an interrupt can never leave a half-made store behind.
 
-* :func:`check_storage` / :func:`check_tracking_store`: a SQLite URL must name a SQLite file (or
-  nothing yet), a server URL must answer; every message has its password masked.
+* :func:`check_storage` / :func:`check_tracking_store` / :func:`check_database`: a SQLite URL must
+  name a SQLite file (or nothing yet), a server URL must name an installed driver and answer; every
+  message has its password masked.
 * :func:`create_sqlite_atomically`: a new SQLite store is built under a temporary name beside the
   final one and linked into place only once complete (``os.link`` never replaces a file another
   process made meanwhile). Ctrl-C while MLflow runs its schema migrations (the "Creating initial
@@ -74,23 +75,42 @@ def check_storage(url: str, *, folder: bool = True) -> None:
         return
     if url.startswith("sqlite:"):
         return  # in memory
+    check_database(url, "Optuna storage", "--storage")
+
+
+def check_database(url: str, what: str, flag: str, *, timeout_s: int = 10) -> None:
+    """A server database URL (``postgresql+psycopg://...``, ``mysql://...``) names an installed
+    driver and answers within ``timeout_s``; else one line (password masked) naming ``flag``."""
     import sqlalchemy
 
+    shown = redact_text(url)
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except Exception as exc:  # SQLAlchemy's ArgumentError and friends
+        raise ValueError(
+            f"{what} {shown} is not a database URL ({_first_line(exc)}); pass another {flag}"
+        ) from None
     connect_args: dict[str, Any] = {}
-    if url.startswith(("postgresql", "mysql")):
-        connect_args["connect_timeout"] = 10
+    if parsed.get_backend_name() in ("postgresql", "mysql"):
+        connect_args["connect_timeout"] = timeout_s
     try:
         engine = sqlalchemy.create_engine(url, connect_args=connect_args)
-        try:
-            with engine.connect():
-                pass
-        finally:
-            engine.dispose()
+    except ImportError as exc:
+        raise ValueError(
+            f"{what} {shown}: its database driver is not installed ({_first_line(exc)}); install it or name "
+            f"an installed one in the scheme (e.g. postgresql+psycopg://), or pass another {flag}"
+        ) from None
+    except Exception as exc:
+        raise ValueError(f"{what} {shown} is not usable: {_first_line(exc)}; pass another {flag}") from None
+    try:
+        with engine.connect():
+            pass
     except Exception as exc:  # SQLAlchemy and driver errors of many types: one clear line instead
         raise ValueError(
-            f"cannot reach Optuna storage {redact_text(url)}: {_first_line(exc)}; start the database or pass "
-            "another --storage"
+            f"cannot reach {what} {shown}: {_first_line(exc)}; start the database or pass another {flag}"
         ) from None
+    finally:
+        engine.dispose()
 
 
 def check_tracking_store(uri: str, *, folder: bool = True) -> None:
