@@ -16,6 +16,7 @@ anything is written, and created so that an interrupt can never leave a half-mad
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -120,6 +121,25 @@ def check_tracking_store(uri: str, *, folder: bool = True) -> None:
         check_sqlite_file(path, "MLflow store", "--tracking-uri", folder=folder)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _remove_dead_leftovers(path: Path) -> None:
+    """Temporary stores of processes that died mid-creation (kill -9 skips their cleanup)."""
+    pattern = re.compile(rf"{re.escape(path.name)}\.creating-(\d+)(-journal)?")
+    for leftover in path.parent.glob(f"{path.name}.creating-*"):
+        match = pattern.fullmatch(leftover.name)
+        if match and int(match[1]) != os.getpid() and not _alive(int(match[1])):
+            leftover.unlink(missing_ok=True)
+
+
 def create_sqlite_atomically(path: Path, build: Callable[[str], None]) -> bool:
     """Make the SQLite store ``path`` with ``build(url_of_a_temporary_file)`` unless it exists.
 
@@ -129,6 +149,7 @@ def create_sqlite_atomically(path: Path, build: Callable[[str], None]) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_leftovers(path)
     tmp = path.with_name(f"{path.name}.creating-{os.getpid()}")
     try:
         for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
@@ -171,6 +192,8 @@ def prepare_mlflow_store(uri: str) -> None:
     path = sqlite_path(uri)
     if path is None:
         return
+    if path.parent.is_dir():
+        _remove_dead_leftovers(path)
     if path.exists() and path.stat().st_size > 0:
         tables = _tables(path)
         if not any(t.startswith("_alembic_tmp_") for t in tables):

@@ -223,3 +223,21 @@ def test_generate_checks_the_schedule_before_loading_the_model(
     assert "--schedule" in (line := _one_line(capsys)) and "missing.json: no such file" in line
     assert generate_cli.main([*base, "--revival", "sometimes"]) == 2
     assert "sometimes" in _one_line(capsys)
+
+
+def test_store_left_half_made_by_a_killed_run_is_cleaned_up(tmp_path: Path) -> None:
+    """``kill -9`` during MLflow's table creation skips the cleanup of ``mlflow.db.creating-<pid>``."""
+    from tuner.stores import prepare_mlflow_store
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    leftovers = [
+        tmp_path / f"mlflow.db.creating-{dead.stdout.strip()}",
+        tmp_path / f"mlflow.db.creating-{dead.stdout.strip()}-journal",
+    ]
+    alive = tmp_path / f"mlflow.db.creating-{os.getppid()}"  # a live process's work in progress: kept
+    for path in (*leftovers, alive):
+        path.write_bytes(b"SQLite format 3\x00half")
+    prepare_mlflow_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["mlflow.db", alive.name])
