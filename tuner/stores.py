@@ -19,6 +19,7 @@ import os
 import re
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -165,13 +166,19 @@ def create_sqlite_atomically(path: Path, build: Callable[[str], None]) -> bool:
             leftover.unlink(missing_ok=True)
 
 
+def _connect(path: Path) -> sqlite3.Connection:
+    """An existing store opened read-write, never created: a process killed mid-write leaves a hot
+    journal that SQLite rolls back on open, which a read-only connection cannot do."""
+    return sqlite3.connect(f"file:{path}?mode=rw", uri=True)
+
+
 def _tables(path: Path) -> set[str]:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+    with closing(_connect(path)) as con:
         return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 def _run_count(path: Path) -> int:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+    with closing(_connect(path)) as con:
         return int(con.execute("SELECT count(*) FROM runs").fetchone()[0])
 
 

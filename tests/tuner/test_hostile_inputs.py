@@ -241,3 +241,30 @@ def test_store_left_half_made_by_a_killed_run_is_cleaned_up(tmp_path: Path) -> N
         path.write_bytes(b"SQLite format 3\x00half")
     prepare_mlflow_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["mlflow.db", alive.name])
+
+
+_KILLED_WRITER = """
+import os, signal, sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+con.execute("PRAGMA cache_size = 1")  # spill changed pages into the file: the journal is hot
+con.execute("BEGIN IMMEDIATE")
+con.execute("CREATE TABLE junk (x TEXT)")
+con.executemany("INSERT INTO junk VALUES (?)", [("x" * 500,)] * 2000)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_store_killed_mid_write_opens_again(tmp_path: Path) -> None:
+    """Found by the chaos test: kill -9 in the middle of an MLflow write leaves a hot
+    ``mlflow.db-journal``; the next run must roll it back, not fail on a read-only check."""
+    from mlflow.tracking import MlflowClient
+
+    from tuner.stores import prepare_mlflow_store
+
+    db = tmp_path / "mlflow.db"
+    prepare_mlflow_store(f"sqlite:///{db}")
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(db)], capture_output=True, timeout=60)
+    assert killed.returncode == -9 and (tmp_path / "mlflow.db-journal").stat().st_size > 0
+    prepare_mlflow_store(f"sqlite:///{db}")  # rolls the journal back
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    assert client.create_experiment("after-the-kill")
