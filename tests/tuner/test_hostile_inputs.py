@@ -268,3 +268,24 @@ def test_store_killed_mid_write_opens_again(tmp_path: Path) -> None:
     prepare_mlflow_store(f"sqlite:///{db}")  # rolls the journal back
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     assert client.create_experiment("after-the-kill")
+
+
+def test_export_flags_are_the_settings_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18: tuner.export's study flags are made from the settings fields (type, name, parsing)."""
+    from dataclasses import fields
+
+    from tuner import export as export_cli
+    from tuner.settings import SearchSettings
+
+    actions = {a.dest: a for a in export_cli._parser()._actions}
+    kinds = {f.name: f.type for f in fields(SearchSettings)}
+    for name in ("study_name", "storage", "tracking_uri", "max_accuracy_loss", "register"):
+        assert actions[name].option_strings == ["--" + name.replace("_", "-")]
+        assert actions[name].type is {"float": float, "str | None": str}[str(kinds[name])]
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="S", storage=storage, directions=["maximize", "minimize"])
+    out = tmp_path / "x"
+    argv = ["--study-name", "S", "--storage", storage, "--out", str(out), "--max-accuracy-loss", "nan"]
+    assert export_cli.main(argv) == 2
+    assert "--max-accuracy-loss nan: must be a finite number >= 0" in _one_line(capsys)
+    assert not out.exists()
