@@ -123,7 +123,8 @@ def _check_http(uri: str, shown: str, timeout_s: float) -> None:
         host, port = parts.hostname, parts.port  # a bad port raises ValueError here
     except ValueError:
         raise ValueError(
-            f"tracking URI {shown} is not a valid URL (host or port); pass another --tracking-uri"
+            f"tracking URI {shown} is not a valid URL (host or port; a '/', '?' or '#' in the password "
+            "must be percent-encoded, e.g. %2F); pass another --tracking-uri"
         ) from None
     if not host:
         raise ValueError(

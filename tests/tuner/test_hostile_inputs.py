@@ -289,3 +289,9 @@ def test_export_flags_are_the_settings_fields(tmp_path: Path, capsys: pytest.Cap
     assert export_cli.main(argv) == 2
     assert "--max-accuracy-loss nan: must be a finite number >= 0" in _one_line(capsys)
     assert not out.exists()
+
+
+def test_raw_slash_in_an_http_password_is_one_masked_line() -> None:
+    with pytest.raises(ValueError, match="must be percent-encoded") as err:
+        check_reachable("http://user:s3/cret@127.0.0.1:5000")
+    assert "s3/cret" not in str(err.value) and "cret" not in str(err.value)
