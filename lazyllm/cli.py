@@ -3,14 +3,23 @@
 Bad input is a one-line ``error: ...`` on stderr and exit status 2; Ctrl-C is one line and status
 130; ``--debug`` (or ``LAZYLLM_DEBUG=1``) shows the full traceback instead. The entry point builds
 its ``argparse`` parser and a ``run(args) -> int``; :func:`cli_main` adds ``--debug`` and does the rest.
+
+Every line the process can print goes through the entry point's ``redact`` (the tuner passes
+:func:`tuner.redact.redact_text`): the one-line error, the traceback ``--debug`` or a bug shows
+(``sys.excepthook``), every log record of every library (message, arguments and attached traceback,
+masked when the record is made) and every warning.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import traceback
+import warnings
 from collections.abc import Callable, Sequence
+from types import TracebackType
 
 from lazyllm.models import ModelLoadError
 
@@ -34,6 +43,46 @@ def one_line(exc: BaseException, redact: Redactor = _identity) -> str:
     return redact(first)
 
 
+class _Masking:
+    """The process-wide hooks that pass every printed line through one redactor (installed once,
+    pointed at the latest entry point's redactor)."""
+
+    redact: Redactor = staticmethod(_identity)
+    installed = False
+
+    @classmethod
+    def install(cls, redact: Redactor) -> None:
+        cls.redact = staticmethod(redact)
+        if cls.installed:
+            return
+        cls.installed = True
+        make_record = logging.getLogRecordFactory()
+        format_warning = warnings.formatwarning
+
+        def record(*args: object, **kwargs: object) -> logging.LogRecord:
+            rec = make_record(*args, **kwargs)
+            try:
+                rec.msg, rec.args = cls.redact(rec.getMessage()), ()
+            except Exception:  # a malformed record: logging reports it when it formats it
+                return rec
+            if rec.exc_info and rec.exc_info[0] is not None:
+                rec.exc_text = cls.redact("".join(traceback.format_exception(*rec.exc_info)).rstrip())
+            if rec.stack_info:
+                rec.stack_info = cls.redact(rec.stack_info)
+            return rec
+
+        def warning(*args: object, **kwargs: object) -> str:
+            return cls.redact(format_warning(*args, **kwargs))  # type: ignore[arg-type]
+
+        def excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            text = "".join(traceback.format_exception(kind, exc, tb))
+            sys.stderr.write(cls.redact(text))
+
+        logging.setLogRecordFactory(record)
+        warnings.formatwarning = warning
+        sys.excepthook = excepthook
+
+
 def cli_main(
     parser: argparse.ArgumentParser,
     run: Callable[[argparse.Namespace], int],
@@ -54,6 +103,7 @@ def cli_main(
     parser.add_argument(
         "--debug", action="store_true", help="show full tracebacks instead of one-line errors"
     )
+    _Masking.install(redact)
     args = parser.parse_args(argv)
     debug = bool(args.debug) or os.environ.get("LAZYLLM_DEBUG") == "1"
     try:

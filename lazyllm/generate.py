@@ -18,7 +18,7 @@ from pathlib import Path
 from lazyllm.cli import cli_main
 from lazyllm.engine import GenerationResult, LazyLLM
 from lazyllm.models import DEFAULT_MODEL, load_model
-from lazyllm.schedule import Schedule
+from lazyllm.schedule import Revival, Schedule
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(_parser(), _generate, argv)
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _preflight(args: argparse.Namespace) -> tuple[str, Schedule | None]:
+    """Every input checked before the model loads: answer length, prompt, schedule file, revival.
+    Returns the prompt text and the schedule (None = the paper-style default, made once the depth is known)."""
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
     if args.prompt_file is not None:
@@ -85,9 +87,20 @@ def _generate(args: argparse.Namespace) -> int:
         source, text = "--prompt", args.prompt
     if not text.strip():
         raise ValueError(f"{source} is empty or only whitespace; give the text to answer")
+    if args.revival:
+        Revival.parse(args.revival)
+    if args.schedule is None:
+        return text, None
+    if not args.schedule.is_file():
+        raise ValueError(f"--schedule {args.schedule}: no such file; pass a schedule JSON")
+    return text, Schedule.load(args.schedule)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    text, loaded = _preflight(args)
     model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
     layers = int(model.config.num_hidden_layers)
-    schedule = Schedule.load(args.schedule) if args.schedule else Schedule.paper_style(args.model, layers)
+    schedule = loaded if loaded is not None else Schedule.paper_style(args.model, layers)
     if args.revival:
         schedule = schedule.with_revival(args.revival)
     engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=not args.allow_other_model)

@@ -38,10 +38,11 @@ from lazyllm.models import load_model
 from lazyllm.peers import PEER_METHODS
 from lazyllm.schedule import Schedule
 from tuner import matched
-from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator, Example, ExampleResult, MethodSpeed, summarize, write_results
 from tuner.longbench import DATASETS
 from tuner.metrics import task_score
+from tuner.preflight import check_evaluate
+from tuner.redact import redact_text
 from tuner.settings import EvaluateSettings, add_flags, settings_from_flags
 
 COMPUTE_MATCHED = frozenset({"random", "static", "compression"})
@@ -211,8 +212,7 @@ def settings_from_args(args: argparse.Namespace) -> EvaluateSettings:
 
 def evaluate(settings: EvaluateSettings) -> int:
     """Evaluate every method of ``settings`` and write the report; returns 0."""
-    schedule = Schedule.load(settings.schedule) if settings.schedule else None
-    resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # before the model loads
+    schedule = check_evaluate(settings)  # schedule file and data: before the model loads, before any write
     out = settings.out_dir
     out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model(settings.model, trust_remote_code=settings.trust_remote_code)
@@ -267,7 +267,7 @@ def evaluate(settings: EvaluateSettings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli_main(_parser(), lambda args: evaluate(settings_from_args(args)), argv)
+    return cli_main(_parser(), lambda args: evaluate(settings_from_args(args)), argv, redact=redact_text)
 
 
 if __name__ == "__main__":

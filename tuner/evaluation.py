@@ -208,9 +208,12 @@ class BaselineCache:
         entries: dict[str, dict[str, Any]] = {}
         if path.exists():
             try:
-                entries = json.loads(path.read_text())["entries"]
-            except (ValueError, KeyError, TypeError):
-                entries = {}  # a corrupt cache is recomputed, never trusted
+                found = json.loads(path.read_text())["entries"]
+            except (ValueError, KeyError, TypeError, OSError):
+                found = None
+            # a truncated cache or one of the wrong shape ({"entries": []}) is recomputed, never trusted
+            if isinstance(found, dict) and all(isinstance(v, dict) for v in found.values()):
+                entries = found
         return cls(path=path, entries=entries)
 
     def save(self) -> None:

@@ -29,8 +29,10 @@ import optuna
 from lazyllm.cli import cli_main
 from lazyllm.schedule import Schedule
 from tuner.outcome import StudyOutcome
+from tuner.preflight import check_budget, check_tracking
 from tuner.redact import redact_text, redact_url
 from tuner.report.files import write_outcome
+from tuner.settings import SearchSettings, add_flags
 from tuner.stores import sqlite_path
 
 
@@ -63,7 +65,10 @@ def existing_tracking_uri(uri: str | None, fallback: str | None = None) -> str:
     import mlflow
 
     chosen = uri or os.environ.get("MLFLOW_TRACKING_URI") or fallback or mlflow.get_tracking_uri()
-    if chosen.startswith(("http://", "https://", "databricks")):
+    if chosen.startswith("databricks"):
+        return chosen
+    if "://" in chosen and not chosen.startswith(("sqlite:", "file:")):  # a server: it answers, now
+        check_tracking(chosen)
         return chosen
     file = sqlite_path(chosen)
     if chosen.startswith("sqlite:"):
@@ -78,6 +83,8 @@ def existing_tracking_uri(uri: str | None, fallback: str | None = None) -> str:
 
 def _client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
+
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")  # checked reachable: no minutes of retries
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
@@ -103,25 +110,35 @@ def _print_version(version: Any, alias: str | None) -> None:
     print(f"registered {version.name} version {version.version}; load it: Schedule.from_mlflow({where!r})")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+_EXPORT_HELP = {
+    "study_name": "Optuna study to export (with --storage)",
+    "storage": "Optuna storage URL of the study, e.g. sqlite:///runs/<study>/study.db",
+    "tracking_uri": "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the store the study logged to)",
+    "max_accuracy_loss": "loss budget for recommended.json, score points (default: the study's)",
+    "register": "register the schedule as a version of MLflow registered model NAME",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The study flags come from the settings fields (:func:`tuner.settings.add_flags`), so a flag
+    means, parses and validates the same here as in ``tuner.search``."""
     p = argparse.ArgumentParser(prog="python -m tuner.export", description=(__doc__ or "").split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--study-name", help="Optuna study to export (with --storage)")
+    add_flags(src, SearchSettings, only={"study_name"}, helps=_EXPORT_HELP)
     src.add_argument("--mlflow-run", help="MLflow run id (or runs:/<id>/schedule.json) holding schedule.json")
-    p.add_argument("--storage", help="Optuna storage URL of the study, e.g. sqlite:///runs/<study>/study.db")
-    p.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the store the study logged to)",
-    )
-    p.add_argument(
-        "--max-accuracy-loss", type=float, help="loss budget for recommended.json (default: the study's)"
+    add_flags(
+        p,
+        SearchSettings,
+        only={"storage", "tracking_uri", "max_accuracy_loss", "register"},
+        helps=_EXPORT_HELP,
     )
     p.add_argument("--out", type=Path, help="output folder (study) or file (MLflow run)")
-    p.add_argument(
-        "--register", metavar="NAME", help="register the schedule as a version of MLflow model NAME"
-    )
     p.add_argument("--alias", help="with --register: point this alias (e.g. champion) at the new version")
-    return cli_main(p, _export, argv, redact=redact_text)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli_main(_parser(), _export, argv, redact=redact_text)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -131,6 +148,7 @@ def _export(args: argparse.Namespace) -> int:
         from tuner.registry import check_name
 
         check_name(args.register, args.alias)
+    check_budget(args.max_accuracy_loss)
     if args.mlflow_run:
         return _from_run(args)
     if not args.storage:

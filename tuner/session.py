@@ -22,9 +22,9 @@ from optuna.trial import FrozenTrial, TrialState
 from tqdm.auto import tqdm
 
 from lazyllm.models import load_model
-from tuner.datasource import resolve_source
 from tuner.evaluation import Evaluator
 from tuner.outcome import StudyOutcome
+from tuner.preflight import check_search
 from tuner.records import TrialRecord
 from tuner.redact import redact_url
 from tuner.report.console import summary_lines
@@ -37,8 +37,8 @@ from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.trial import DUPLICATE_ATTR, BaselineStats, TrialRunner
 from tuner.storage import finished_trials, make_storage, open_study, study_lock, warm_start
-from tuner.stores import check_storage, check_tracking_store, prepare_mlflow_store
-from tuner.tracking import Tracker, check_reachable, default_tracking_uri, wanted
+from tuner.stores import prepare_mlflow_store
+from tuner.tracking import Tracker, default_tracking_uri, wanted
 from tuner.workers import run_trials, worker_device, worker_threads
 
 
@@ -84,17 +84,8 @@ class Progress:
 
 
 def preflight(settings: SearchSettings) -> None:
-    """Every check that needs no model and writes nothing: search space, data, storage, tracking."""
-    load_space(settings.search_space)  # an unknown or malformed space fails here
-    resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
-    # a server answers, a SQLite path is a SQLite file (or nothing yet)
-    check_storage(settings.storage_url, folder=settings.storage is not None)
-    if wanted(settings):
-        given = settings.tracking_uri is not None  # the default lives in the output folder (checked next)
-        uri = settings.tracking_uri or default_tracking_uri(settings)
-        check_tracking_store(uri, folder=given)
-        if given:
-            check_reachable(uri)  # a server answers /health (a SQLite store's folder is made: last step)
+    """Every check that needs no model and writes nothing (:func:`tuner.preflight.check_search`)."""
+    check_search(settings)
 
 
 def check_output(settings: SearchSettings) -> None:

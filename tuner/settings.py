@@ -40,6 +40,9 @@ ACCURACY_MODES = ("fidelity", "score")
 """What a study minimises: teacher-forced KL to the unpruned model, or the task score (one definition;
 :mod:`tuner.records` validates a trial's accuracy mode against it)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in 0..2**32-1
+HEARTBEAT_MAX_S = 3600  # an hour between heartbeats; the heartbeat thread's wait must stay a valid timeout
+GRACE_MAX_S = 7 * 24 * 3600  # a week without a heartbeat before a trial counts as crashed
 
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
@@ -73,6 +76,13 @@ def _check_timing(rounds: int, clock: str) -> None:
         raise ValueError(f"timing_rounds = {rounds}: must be >= 1")
     if clock not in CLOCKS:
         raise ValueError(f"timing_clock = {clock!r}: must be one of {', '.join(CLOCKS)}")
+
+
+def _seed(name: str, value: int) -> None:
+    if not 0 <= value <= SEED_MAX:
+        raise ValueError(
+            f"{name} = {value}: must be in 0..{SEED_MAX} (2**32-1, what numpy and Optuna accept)"
+        )
 
 
 def _finite(name: str, value: float | None, *, low: float | None = None, strict: bool = False) -> None:
@@ -227,6 +237,7 @@ class SearchSettings(EvalSettings):
             raise ValueError(f"split = {self.split!r}: a study searches on 'validation' (reports use test)")
         if self.n_trials < 1:
             raise ValueError(f"n_trials = {self.n_trials}: must be >= 1")
+        _seed("seed", self.seed)
         _finite("timeout", self.timeout, low=0, strict=True)
         check_sampler(self.sampler)
         if self.speedup not in SPEEDUP_MODES:
@@ -247,10 +258,14 @@ class SearchSettings(EvalSettings):
             raise ValueError(f"fidelity_top_k = {self.fidelity_top_k}: must be >= 1")
         if self.n_workers < 1:
             raise ValueError(f"n_workers = {self.n_workers}: must be >= 1")
-        if self.heartbeat_interval < 1 or self.heartbeat_grace <= self.heartbeat_interval:
+        if not 1 <= self.heartbeat_interval <= HEARTBEAT_MAX_S:
             raise ValueError(
-                f"heartbeat_interval = {self.heartbeat_interval}, heartbeat_grace = {self.heartbeat_grace}: "
-                "need interval >= 1 and grace > interval (seconds)"
+                f"heartbeat_interval = {self.heartbeat_interval}: must be in 1..{HEARTBEAT_MAX_S} seconds"
+            )
+        if not self.heartbeat_interval < self.heartbeat_grace <= GRACE_MAX_S:
+            raise ValueError(
+                f"heartbeat_grace = {self.heartbeat_grace}: must be > heartbeat_interval "
+                f"({self.heartbeat_interval}) and <= {GRACE_MAX_S} seconds (a week)"
             )
         if self.study_name is not None and not _NAME.match(self.study_name):
             raise ValueError(
@@ -318,6 +333,7 @@ class EvaluateSettings(EvalSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _seed("seed", self.seed)
         if not self.method_list:
             raise ValueError("methods is empty: pass a comma list such as baseline,lazyllm")
         for method in self.method_list:
@@ -437,15 +453,19 @@ def add_flags(
     *,
     only: set[str] | None = None,
     exclude: set[str] = frozenset(),  # type: ignore[assignment]
+    helps: Mapping[str, str] | None = None,
 ) -> None:
-    """One ``--flag`` per field of ``cls`` (help and choices from the field); unset flags are None."""
+    """One ``--flag`` per field of ``cls`` (help and choices from the field); unset flags are None.
+
+    ``helps`` replaces a field's help text (and its default) where another command means the setting
+    differently (``tuner.export``: the study's own budget is the default)."""
     for f in fields(cls):
         if f.name in exclude or (only is not None and f.name not in only):
             continue
         base, _ = _base_type(f)
         flag = "--" + f.name.replace("_", "-")
         meta = dict(f.metadata)
-        text = f"{meta.get('help', '')} (default: {f.default})"
+        text = (helps or {}).get(f.name) or f"{meta.get('help', '')} (default: {f.default})"
         if base == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
             continue

@@ -1,8 +1,9 @@
 """The study's two databases (the Optuna storage and the MLflow tracking store): checked before
 anything is written, and created so that an interrupt can never leave a half-made store behind.
 
-* :func:`check_storage` / :func:`check_tracking_store`: a SQLite URL must name a SQLite file (or
-  nothing yet), a server URL must answer; every message has its password masked.
+* :func:`check_storage` / :func:`check_tracking_store` / :func:`check_database`: a SQLite URL must
+  name a SQLite file (or nothing yet), a server URL must name an installed driver and answer; every
+  message has its password masked.
 * :func:`create_sqlite_atomically`: a new SQLite store is built under a temporary name beside the
   final one and linked into place only once complete (``os.link`` never replaces a file another
   process made meanwhile). Ctrl-C while MLflow runs its schema migrations (the "Creating initial
@@ -15,8 +16,10 @@ anything is written, and created so that an interrupt can never leave a half-mad
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -74,23 +77,42 @@ def check_storage(url: str, *, folder: bool = True) -> None:
         return
     if url.startswith("sqlite:"):
         return  # in memory
+    check_database(url, "Optuna storage", "--storage")
+
+
+def check_database(url: str, what: str, flag: str, *, timeout_s: int = 10) -> None:
+    """A server database URL (``postgresql+psycopg://...``, ``mysql://...``) names an installed
+    driver and answers within ``timeout_s``; else one line (password masked) naming ``flag``."""
     import sqlalchemy
 
+    shown = redact_text(url)
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except Exception as exc:  # SQLAlchemy's ArgumentError and friends
+        raise ValueError(
+            f"{what} {shown} is not a database URL ({_first_line(exc)}); pass another {flag}"
+        ) from None
     connect_args: dict[str, Any] = {}
-    if url.startswith(("postgresql", "mysql")):
-        connect_args["connect_timeout"] = 10
+    if parsed.get_backend_name() in ("postgresql", "mysql"):
+        connect_args["connect_timeout"] = timeout_s
     try:
         engine = sqlalchemy.create_engine(url, connect_args=connect_args)
-        try:
-            with engine.connect():
-                pass
-        finally:
-            engine.dispose()
+    except ImportError as exc:
+        raise ValueError(
+            f"{what} {shown}: its database driver is not installed ({_first_line(exc)}); install it or name "
+            f"an installed one in the scheme (e.g. postgresql+psycopg://), or pass another {flag}"
+        ) from None
+    except Exception as exc:
+        raise ValueError(f"{what} {shown} is not usable: {_first_line(exc)}; pass another {flag}") from None
+    try:
+        with engine.connect():
+            pass
     except Exception as exc:  # SQLAlchemy and driver errors of many types: one clear line instead
         raise ValueError(
-            f"cannot reach Optuna storage {redact_text(url)}: {_first_line(exc)}; start the database or pass "
-            "another --storage"
+            f"cannot reach {what} {shown}: {_first_line(exc)}; start the database or pass another {flag}"
         ) from None
+    finally:
+        engine.dispose()
 
 
 def check_tracking_store(uri: str, *, folder: bool = True) -> None:
@@ -98,6 +120,25 @@ def check_tracking_store(uri: str, *, folder: bool = True) -> None:
     path = sqlite_path(uri)
     if path is not None:
         check_sqlite_file(path, "MLflow store", "--tracking-uri", folder=folder)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _remove_dead_leftovers(path: Path) -> None:
+    """Temporary stores of processes that died mid-creation (kill -9 skips their cleanup)."""
+    pattern = re.compile(rf"{re.escape(path.name)}\.creating-(\d+)(-journal)?")
+    for leftover in path.parent.glob(f"{path.name}.creating-*"):
+        match = pattern.fullmatch(leftover.name)
+        if match and int(match[1]) != os.getpid() and not _alive(int(match[1])):
+            leftover.unlink(missing_ok=True)
 
 
 def create_sqlite_atomically(path: Path, build: Callable[[str], None]) -> bool:
@@ -109,6 +150,7 @@ def create_sqlite_atomically(path: Path, build: Callable[[str], None]) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_leftovers(path)
     tmp = path.with_name(f"{path.name}.creating-{os.getpid()}")
     try:
         for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
@@ -124,13 +166,19 @@ def create_sqlite_atomically(path: Path, build: Callable[[str], None]) -> bool:
             leftover.unlink(missing_ok=True)
 
 
+def _connect(path: Path) -> sqlite3.Connection:
+    """An existing store opened read-write, never created: a process killed mid-write leaves a hot
+    journal that SQLite rolls back on open, which a read-only connection cannot do."""
+    return sqlite3.connect(f"file:{path}?mode=rw", uri=True)
+
+
 def _tables(path: Path) -> set[str]:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+    with closing(_connect(path)) as con:
         return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 def _run_count(path: Path) -> int:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+    with closing(_connect(path)) as con:
         return int(con.execute("SELECT count(*) FROM runs").fetchone()[0])
 
 
@@ -151,6 +199,8 @@ def prepare_mlflow_store(uri: str) -> None:
     path = sqlite_path(uri)
     if path is None:
         return
+    if path.parent.is_dir():
+        _remove_dead_leftovers(path)
     if path.exists() and path.stat().st_size > 0:
         tables = _tables(path)
         if not any(t.startswith("_alembic_tmp_") for t in tables):

@@ -87,27 +87,68 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def check_reachable(uri: str) -> None:
-    """Fail fast (one line) when the tracking URI cannot be used."""
-    if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as resp:
-                if resp.status != 200:
-                    raise ValueError(
-                        f"MLflow server {redact_url(uri)} answered /health with HTTP {resp.status}"
-                    )
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ValueError(
-                f"MLflow tracking server {redact_url(uri)} is not reachable ({reason}); "
-                "start it or pass another --tracking-uri"
-            ) from None
-    elif (file := sqlite_path(uri)) is not None:
-        folder = file.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ValueError(f"cannot create the MLflow store folder {folder}: {exc.strerror}") from None
+_SERVER_SCHEMES = ("postgresql", "mysql", "mssql", "oracle")
+
+
+def check_reachable(uri: str, *, timeout_s: float = 5.0) -> None:
+    """Fail fast (one line, password masked, no retries) when the tracking URI cannot be used. Writes
+    nothing: a SQLite store's folder is made when the store is (:func:`tuner.stores.prepare_mlflow_store`).
+
+    * ``http(s)://[user:password@]host[:port]``: ``/health`` answers 200 within ``timeout_s``; the
+      userinfo is sent as HTTP basic auth (what MLflow's client does with it), never as part of the host;
+    * ``postgresql://``, ``mysql://``, ...: the driver is installed and the database answers;
+    * ``sqlite:///FILE``: FILE is a SQLite database or nothing yet, in a folder that can be made.
+    """
+    from tuner.stores import check_database, check_tracking_store
+
+    shown = redact_url(uri)
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme in ("http", "https"):
+        _check_http(uri, shown, timeout_s)
+    elif scheme.split("+", 1)[0] in _SERVER_SCHEMES:
+        check_database(uri, "MLflow tracking store", "--tracking-uri", timeout_s=max(1, int(timeout_s)))
+    elif uri.startswith("sqlite:"):
+        check_tracking_store(uri, folder=True)
+
+
+def _check_http(uri: str, shown: str, timeout_s: float) -> None:
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    fix = "start it or pass another --tracking-uri"
+    try:
+        parts = urlsplit(uri)
+        host, port = parts.hostname, parts.port  # a bad port raises ValueError here
+    except ValueError:
+        raise ValueError(
+            f"tracking URI {shown} is not a valid URL (host or port; a '/', '?' or '#' in the password "
+            "must be percent-encoded, e.g. %2F); pass another --tracking-uri"
+        ) from None
+    if not host:
+        raise ValueError(
+            f"tracking URI {shown} names no host; pass e.g. --tracking-uri http://127.0.0.1:5000"
+        )
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port is not None else "")
+    health = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    request = urllib.request.Request(health)
+    if parts.username is not None or parts.password is not None:
+        user_pass = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(user_pass.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        reason = redact_text(str(getattr(exc, "reason", exc)))
+        raise ValueError(f"MLflow tracking server {shown} is not reachable ({reason}); {fix}") from None
+    if status in (401, 403):
+        raise ValueError(
+            f"MLflow tracking server {shown} refused the credentials (HTTP {status}); check the user and "
+            "password in --tracking-uri"
+        )
+    if status != 200:
+        raise ValueError(f"MLflow tracking server {shown} answered /health with HTTP {status}; {fix}")
 
 
 def _ms(when: datetime | None) -> int | None:

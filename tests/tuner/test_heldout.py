@@ -1,4 +1,4 @@
-"""tuner.heldout: the hand-made families and the wording of a comparison; new settings of issue 12."""
+"""tuner.stages.heldout: the hand-made families (with the study's revival) and the wording of a comparison; settings of issue 12."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -83,3 +84,53 @@ def test_registered_schedule_serves_lazyllm_text(
         stop_process_group(proc)
         log.close()
     assert proc.poll() is not None
+
+
+def _post_status(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_over_long_prompt_is_refused_unless_truncation_is_asked(tiny_folder: Path, tmp_path: Path) -> None:
+    """Issue 21 item 10: a prompt over the context is a 400 naming the limit, or cut when asked and said so."""
+    from tuner.serving import save_model
+
+    schedule = Schedule.keep_all(str(tiny_folder), 4)
+    folder = save_model(schedule, tmp_path / "model", base_model=str(tiny_folder))
+    context = 4096  # the tiny checkpoint's max_position_embeddings
+    long_prompt = "word " * (context + 200)
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", str(folder), "--env-manager", "local",
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PATH": path, "PYTHONPATH": root}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(base + "/ping", proc, tmp_path / "serve.log", what="mlflow models serve", timeout=120)
+        params = {"max_new_tokens": 4, "chat": False}
+        status, answer = _post_status(base + "/invocations", {"inputs": [long_prompt], "params": params})
+        assert status == 400, answer
+        limit = context - 4
+        assert f"the limit is {limit} prompt tokens" in answer["message"]
+        assert '"truncate": true' in answer["message"]
+        status, answer = _post_status(
+            base + "/invocations", {"inputs": [long_prompt, "short"], "params": {**params, "truncate": True}}
+        )
+        assert status == 200, answer
+        cut, short = answer["predictions"]
+        assert cut["prompt_tokens"] > limit and cut["truncated_to"] == limit and isinstance(cut["text"], str)
+        assert short["truncated_to"] is None and short["prompt_tokens"] < limit
+        status, answer = _post_status(base + "/invocations", {"inputs": ["short"], "params": params})
+        assert status == 200 and isinstance(answer["predictions"][0], str)  # the plain form is unchanged
+    finally:
+        stop_process_group(proc)
+        log.close()
