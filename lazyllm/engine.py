@@ -5,8 +5,11 @@ tokens at the next original positions and ends with ``t``, the newest position. 
 
 * **Active set** ``A_l`` (sorted original positions): ``A_0`` is every position so far; ``A_{l+1}``
   is ``A_l`` minus its lowest-ranked tokens by the schedule's rounding rule (``p[l]``), ranked by the
-  attention ``t`` pays each of them at layer ``l`` (softmax over ``A_l``, mean over query heads).
-  ``t`` always survives.
+  schedule's :class:`~lazyllm.scoring.Scoring` rule at layer ``l`` (by default the attention ``t``
+  pays each of them: softmax over ``A_l``, mean over query heads; a rule may use the queries of the
+  last ``w`` positions, pooling, another head reduction or the layers since the previous stage).
+  ``t`` always survives. In a decoding step the window is ``t`` plus the newest earlier positions
+  the layer scored with (their queries are kept per layer, ``w - 1`` of them).
 * **Queries** ``Q_l = A_l \\ C_l``: the active tokens layer ``l`` has never computed (``C_l``, see
   :mod:`lazyllm.state`). In a prefill that is all of ``A_l``; in a decoding step it is ``t`` plus any
   *revived* token, one pruned earlier and chosen again now. Nothing is computed twice in one layer.
@@ -41,6 +44,7 @@ wrapper (:mod:`lazyllm.attention`); the model and its config are shared, never s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Sequence
@@ -52,7 +56,8 @@ import torch
 from lazyllm.architectures import DecoderStack, PositionEmbeddings, decoder_stack
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers, query_key_mask
 from lazyllm.schedule import Revival, Schedule, num_pruned
-from lazyllm.selectors import AttentionSelector, TokenSelector
+from lazyllm.scoring import Scoring
+from lazyllm.selectors import ScoringSelector, TokenSelector
 from lazyllm.state import GenerationState
 from lazyllm.text import StopCriteria, caller_stacklevel, encode_prompt
 from lazyllm.timing import synchronize
@@ -220,8 +225,10 @@ class LayerPlan:
         mask: ``[1, 1, q, n_old + q]`` additive mask, or None where causality is implicit.
         key_active: ``[n_old + q]`` bool, keys in ``A_l`` (None: all of them).
         n_prune: tokens pruned after the layer (the rounding rule on ``|A_l|``).
-        want_scores: compute ``t``'s attention (to prune, or for a selector that observes the layer).
+        want_scores: score the active tokens (to prune, or for a selector that observes the layer).
         last_key_mask: ``[n_old + q]`` bool, keys ``t`` may attend (None: all).
+        window_positions: ``[w']`` original positions of the rule's query window (None: ``t`` alone).
+        window_mask: ``[w', n_old + q]`` bool, keys each window query may see (None with ``w = 1``).
     """
 
     index: int
@@ -231,6 +238,8 @@ class LayerPlan:
     n_prune: int
     want_scores: bool
     last_key_mask: torch.Tensor | None
+    window_positions: torch.Tensor | None = None
+    window_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -245,6 +254,9 @@ class _Generation:
     selector: TokenSelector
     percentiles: tuple[float, ...]
     revival: Revival
+    scoring: Scoring = field(default_factory=Scoring)
+    # per layer, the queries [1, H, m, D] and positions [m] of the newest positions it scored with
+    recent: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     prompt_tokens: int = 0
     trace: list[PassTrace] | None = None
     revived_pairs: int = 0
@@ -323,18 +335,44 @@ class _Pass:
         if want_scores and window is not None and span >= window:
             in_window = (self.total - 1 - key_pos) < window
             last_key_mask = in_window if last_key_mask is None else last_key_mask & in_window
-        return LayerPlan(index, n_old, mask, key_active, n_prune, want_scores, last_key_mask)
+        plan = LayerPlan(index, n_old, mask, key_active, n_prune, want_scores, last_key_mask)
+        if want_scores and gen.scoring.window > 1:
+            return self._window_plan(plan, key_pos, window)
+        return plan
+
+    def _window_plan(self, plan: LayerPlan, key_pos: torch.Tensor, window: int | None) -> LayerPlan:
+        """Add the query window of a rule with ``w > 1``: the last ``w`` queries of a prefill, or in a
+        decoding step ``t`` after the newest positions this layer scored with before (device ops only)."""
+        w = self.gen.scoring.window
+        if not self.decoding:
+            positions = self.q_pos[-w:]
+        else:
+            earlier = self.gen.recent.get(plan.index)
+            newest = self.q_pos[-1:]
+            positions = newest if earlier is None else torch.cat([earlier[1], newest])[-w:]
+        allowed = key_pos[None, :] <= positions[:, None]  # [w', K]: causal by original position
+        if window is not None:
+            allowed &= (positions[:, None] - key_pos[None, :]) < window
+        if plan.key_active is not None:
+            allowed &= plan.key_active[None, :]
+        return dataclasses.replace(plan, window_positions=positions, window_mask=allowed)
 
     # --- step 2: attend and score -------------------------------------------------------------------
     def attend(self, layer: torch.nn.Module, plan: LayerPlan) -> torch.Tensor | None:
         """Run the layer on the queries; return ``t``'s attention ``[|A_l|]`` over ``A_l`` if scored."""
         gen, state = self.gen, self.gen.state
         kv, q_pos = state.kv[plan.index], self.q_pos
+        earlier = gen.recent.get(plan.index) if self.decoding else None
         call = AttentionCall(
             inner=gen.inner,
             store=(lambda k, v: kv.append(k, v, q_pos)) if state.store_kv else None,
             want_scores=plan.want_scores,
+            values=gen.scoring.values,
+            window=gen.scoring.window,
+            decoding=self.decoding,
             last_key_mask=plan.last_key_mask,
+            window_mask=plan.window_mask,
+            earlier_queries=None if earlier is None else earlier[0],
         )
         self.hidden = layer(
             self.hidden,
@@ -350,8 +388,11 @@ class _Pass:
             raise RuntimeError(
                 f"layer {plan.index} did not call the attention interface; cannot score tokens"
             )
+        if plan.window_positions is not None and call.window_queries is not None and state.store_kv:
+            gen.recent[plan.index] = (call.window_queries, plan.window_positions)
         # keys are [stored slots..., queries...]; read them back in position order of A_l
-        scores = call.scores[0, state.slot_of[plan.index, self.active]] if plan.n_old else call.scores[0]
+        order = state.slot_of[plan.index, self.active] if plan.n_old else None
+        scores = gen.scoring.token_scores(call.scores, order)
         if self.tracing:
             self._scores[plan.index] = scores
         if self.observing and gen.selector.observes(plan.index):
@@ -464,7 +505,8 @@ class LazyLLM:
         model: a supported ``*ForCausalLM`` (see :mod:`lazyllm.architectures`), in eval mode.
         schedule: the pruning schedule (with its revival policy); its layer count must match the model.
         tokenizer: needed to generate from text, apply a chat template or use stop strings.
-        selector: how tokens are ranked at pruning layers (default: LazyLLM's attention rule).
+        selector: how tokens are ranked at pruning layers (default: the schedule's scoring rule,
+            :class:`~lazyllm.selectors.ScoringSelector`; a baseline's selector gets the rule's scores).
         strict_model_name: also require ``schedule.model == model.config.name_or_path``.
     """
 
@@ -483,7 +525,7 @@ class LazyLLM:
         schedule.check_model(name, self.stack.num_layers, strict_name=strict_model_name)
         self.schedule = schedule
         self.tokenizer = tokenizer
-        self.selector = selector or AttentionSelector()
+        self.selector = selector or ScoringSelector(schedule.scoring, schedule.percentiles)
 
     @property
     def device(self) -> torch.device:
@@ -537,6 +579,7 @@ class LazyLLM:
             selector=self.selector.begin(),
             percentiles=self.schedule.percentiles,
             revival=revival,
+            scoring=self.schedule.scoring,
             prompt_tokens=ids.shape[1],
             trace=[] if trace else None,
         )

@@ -55,7 +55,7 @@ def test_json_round_trip_with_metadata(tmp_path) -> None:
     loaded = Schedule.load(path)
     assert loaded == s and loaded.metadata == s.metadata
     data = json.loads(path.read_text())
-    assert data["format"] == FORMAT_NAME and data["version"] == 2 and data["num_layers"] == 4
+    assert data["format"] == FORMAT_NAME and data["version"] == 3 and data["num_layers"] == 4
     assert data["revival"] == {"policy": "dynamic"}
 
 
@@ -85,7 +85,7 @@ def test_version_1_files_load_as_dynamic(tmp_path) -> None:
     v1 = '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 3, "percentiles": [0, 40, 0]}'
     s = Schedule.from_json(v1)
     assert s == Schedule("m", (0, 40, 0)) and s.revival == Revival("dynamic")
-    assert json.loads(s.to_json())["version"] == 2  # written back in the current version
+    assert json.loads(s.to_json())["version"] == 3  # written back in the current version
     with pytest.raises(ValueError, match="unknown field"):  # version 1 never had a revival field
         Schedule.from_json(v1[:-1] + ', "revival": {"policy": "frozen"}}')
 
@@ -147,7 +147,7 @@ def _doc(**fields: object) -> str:
         ("{", "not valid JSON"),
         ("[1, 2]", "must be an object"),
         ('{"format": "other"}', "format = 'other'"),
-        ('{"format": "lazyllm-schedule", "version": 3}', "version = 3"),
+        ('{"format": "lazyllm-schedule", "version": 4}', "version = 4"),
         (
             '{"format": "lazyllm-schedule", "version": 2, "model": "m", "num_layers": 1, "percentiles": [0]}',
             "missing field 'revival'",
