@@ -95,4 +95,3 @@ def window_scores(
     if w > 1:
         scores = scores.sum(dim=-2)  # over the window: [1, KVH, G, K]
     return scores.reshape(heads, -1)
-

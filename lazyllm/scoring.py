@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 
 VALUES = ("softmax", "raw")
 POOLS = ("none", "avg", "max")
@@ -86,7 +86,9 @@ class Scoring:
     def __post_init__(self) -> None:
         w = self.window
         if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= MAX_WINDOW:
-            raise ValueError(f"scoring window = {w!r}: must be an integer in 1..{MAX_WINDOW} (query positions)")
+            raise ValueError(
+                f"scoring window = {w!r}: must be an integer in 1..{MAX_WINDOW} (query positions)"
+            )
         for name, choices in (("values", VALUES), ("pool", POOLS), ("heads", HEADS), ("layers", LAYERS)):
             if getattr(self, name) not in choices:
                 raise ValueError(
@@ -206,4 +208,3 @@ def scored_layers(scoring: Scoring, pruning: list[bool]) -> list[bool]:
         return list(pruning)
     last = max(i for i, p in enumerate(pruning) if p)
     return [i <= last for i in range(len(pruning))]
-

@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from lazyllm.cli import cli_main
-from lazyllm.methods import make_method
+from lazyllm.methods import make_method, peer_names
 from lazyllm.models import load_model
-from lazyllm.peers import PEER_METHODS
 from lazyllm.schedule import Schedule
 from tuner import matched
 from tuner.datasource import resolve_source
@@ -162,7 +161,7 @@ def evaluate(settings: EvaluateSettings) -> int:
     summaries: dict[str, dict[str, Any]] = {}
     options = settings.options_by_method
     for method in settings.method_list:
-        if settings.match_speedup and method in PEER_METHODS:
+        if settings.match_speedup and method in peer_names():
             continue  # run by the matched comparison, at matched knobs and along its sweep
         if method == "baseline":
             res = baseline

@@ -68,13 +68,14 @@ def test_tsp_full_budget_is_keep_all(model_pair: ModelPair, arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_gemfilter_keeps_the_top_k_by_layer_r_attention(model_pair: ModelPair, arch: str) -> None:
-    """The kept positions are the top k by the last query's layer-r attention (mean over heads) of an
-    eager forward of transformers itself, in order, and the second pass is the plain model on them."""
+def test_gemfilter_lasttoken_keeps_the_top_k_by_layer_r_attention(model_pair: ModelPair, arch: str) -> None:
+    """The last-token variant keeps the top k by the last query's layer-r attention (mean over heads)
+    of an eager forward of transformers itself, in order, and the second pass is the plain model on them."""
     model, eager = model_pair(arch)
     ids = prompt(N, seed=13)
     r, k = 3, 7
-    gem = GemFilter(model, r=r, k=k)
+    gem = make_method("gemfilter-lasttoken", model, None, options={"r": r, "k": k})
+    assert isinstance(gem, GemFilter) and str(gem.scoring) == "w1-softmax-none-mean"
     selection = gem.select(ids)
     with torch.inference_mode():
         attn = eager(ids, output_attentions=True).attentions[r - 1]  # [1, H, N, N]
