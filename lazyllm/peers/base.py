@@ -105,6 +105,9 @@ class Peer:
         parse: option names and values -> the knobs (``ValueError`` for a bad one, no model needed).
         build: ``(model, tokenizer, knobs, rule)`` -> a generator with LazyLLM's ``generate``.
         cost: ``(dims, n, layer, kept, rule)`` -> prefill FLOPs of an ``n``-token prompt.
+        prune_after: ``(layer knob) -> 0-based layer`` after which its selection takes effect (for
+            :meth:`as_stage`).
+        published: whether this is the paper's own configuration (False for the last-token variants).
     """
 
     name: str
@@ -114,6 +117,8 @@ class Peer:
     parse: Callable[[Mapping[str, float]], Knobs]
     build: Callable[[Any, Any, Knobs, Scoring], Generates]
     cost: Callable[[ModelDims, int, int, int, Scoring], float]
+    prune_after: Callable[[int], int]
+    published: bool = True
 
     @property
     def knob_names(self) -> tuple[str, ...]:
@@ -132,6 +137,12 @@ class Peer:
         layer, budget = self.check(options or {}).resolve(dims.num_layers)
         base = prefill_flops(dims, [n] * dims.num_layers)
         return base / self.cost(dims, n, layer, budget.count(n), self.rule)
+
+    def as_stage(self, num_layers: int) -> tuple[int, float]:
+        """Its default configuration as one LazyLLM pruning stage: ``(layer, share kept)`` for a
+        ``num_layers``-layer model (a fraction-of-prompt default budget; warm starts of a search)."""
+        layer, budget = self.parse({}).resolve(num_layers)
+        return self.prune_after(layer), budget.value if budget.is_fraction else 1.0
 
     def describe(self) -> str:
         """``"GemFilter (...): scoring w1-raw-avg5-sum"``: what a report prints for this peer."""

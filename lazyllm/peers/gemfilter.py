@@ -204,7 +204,12 @@ def _build(model: Any, tokenizer: Any, knobs: Knobs, rule: Scoring) -> GemFilter
     return GemFilter(model, tokenizer, r=knobs.r, k=knobs.k, scoring=rule)
 
 
-def _peer(name: str, rule: Scoring, title: str) -> Peer:
+def _filter_layer(r: int) -> int:
+    """GemFilter's 1-based filter layer ``r`` is the 0-based layer ``r - 1`` whose scores select."""
+    return r - 1
+
+
+def _peer(name: str, rule: Scoring, title: str, *, published: bool = True) -> Peer:
     return Peer(
         name=name,
         title=title,
@@ -213,6 +218,8 @@ def _peer(name: str, rule: Scoring, title: str) -> Peer:
         parse=GemFilterKnobs.from_options,
         build=_build,
         cost=gemfilter_flops,
+        prune_after=_filter_layer,
+        published=published,
     )
 
 
@@ -222,5 +229,6 @@ PEERS = (
         "gemfilter-lasttoken",
         Scoring(),
         "GemFilter with the last token's softmax attention (earlier reports)",
+        published=False,
     ),
 )

@@ -153,7 +153,11 @@ def _build(model: Any, tokenizer: Any, knobs: Knobs, rule: Scoring) -> TokenSele
     return TokenSelectivePropagation(model, tokenizer, layer=knobs.layer, budget=knobs.budget, scoring=rule)
 
 
-def _peer(name: str, rule: Scoring, title: str) -> Peer:
+def _same_layer(layer: int) -> int:
+    return layer
+
+
+def _peer(name: str, rule: Scoring, title: str, *, published: bool = True) -> Peer:
     return Peer(
         name=name,
         title=title,
@@ -162,10 +166,17 @@ def _peer(name: str, rule: Scoring, title: str) -> Peer:
         parse=TSPKnobs.from_options,
         build=_build,
         cost=tsp_flops,
+        prune_after=_same_layer,
+        published=published,
     )
 
 
 PEERS = (
     _peer("tsp", RULE, "TSP of FastKV (Jo et al. 2025, arXiv 2502.01068)"),
-    _peer("tsp-lasttoken", Scoring(), "TSP with the last token's softmax attention (earlier reports)"),
+    _peer(
+        "tsp-lasttoken",
+        Scoring(),
+        "TSP with the last token's softmax attention (earlier reports)",
+        published=False,
+    ),
 )
