@@ -174,6 +174,7 @@ class GenerationResult:
         aux_peak_entries / aux_peak_bytes: Aux Cache high-water mark.
         revival: the schedule's revival policy, as spelled in its JSON (``"dynamic"``, ``"frozen"``,
             ``"budget:B"``).
+        scoring: the schedule's scoring rule, as spelled by :class:`~lazyllm.scoring.Scoring`.
         revived_pairs: (token, layer) pairs decoding steps computed besides their new tokens.
         step_logits: ``[vocab]`` float32 logits of each step, when asked for.
         trace: what every pass computed, when asked for (``generate(..., trace=True)``).
@@ -190,6 +191,7 @@ class GenerationResult:
     aux_peak_entries: int
     aux_peak_bytes: int
     revival: str = "dynamic"
+    scoring: str = "w1-softmax-none-mean"
     revived_pairs: int = 0
     step_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
     trace: GenerationTrace | None = field(default=None, repr=False)
@@ -711,6 +713,7 @@ class LazyLLM:
             aux_peak_entries=state.aux_peak_entries,
             aux_peak_bytes=state.aux_peak_bytes,
             revival=str(gen.revival),
+            scoring=str(gen.scoring),
             revived_pairs=gen.revived_pairs,
             step_logits=logits_kept,
             trace=GenerationTrace(tuple(gen.trace)) if gen.trace is not None else None,
