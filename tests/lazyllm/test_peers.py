@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 import torch
 
-from lazyllm.flops import ModelDims
 from lazyllm.engine import LazyLLM
-from lazyllm.methods import check_options, make_method, method
+from lazyllm.flops import ModelDims
+from lazyllm.methods import METHODS, check_options, make_method
 from lazyllm.peers import (
     PEERS,
     GemFilter,
@@ -278,8 +278,8 @@ def test_each_peer_names_its_rule_and_source() -> None:
     assert "arXiv 2502.01068" in PEERS["tsp"].describe() and "w8-softmax-max7-sum" in PEERS["tsp"].describe()
     for name in ("gemfilter-lasttoken", "tsp-lasttoken"):
         assert str(PEERS[name].rule) == "w1-softmax-none-mean" and not PEERS[name].published
-    assert method("tsp").size_knob == "budget" and method("gemfilter").size_knob == "k"
-    assert method("lazyllm").size_knob is None
+    assert METHODS["tsp"].size_knob == "budget" and METHODS["gemfilter"].size_knob == "k"
+    assert METHODS["lazyllm"].size_knob is None
     # FastKV's window costs 8 query rows at the TSP layer: a little slower than the last-token variant
     dims = _dims()
     fast, last = (PEERS[m].flop_speedup(dims, 1000, {"budget": 0.2}) for m in ("tsp", "tsp-lasttoken"))
