@@ -26,6 +26,7 @@ from typing import Any
 
 from lazyllm.cli import cli_main
 from lazyllm.methods import make_method, peer_names
+from lazyllm.methods import method as method_spec
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
 from tuner import matched
@@ -179,6 +180,10 @@ def evaluate(settings: EvaluateSettings) -> int:
         f"{len(evaluator.examples)} examples, prompts cut to {settings.max_prompt_tokens} tokens"
         + (f", schedule {settings.schedule}" if settings.schedule else "")
     )
+    rules = [f"{m}: {method_spec(m).rule}" for m in settings.method_list if method_spec(m).rule]
+    if schedule is not None and "lazyllm" in settings.method_list:
+        rules = [r if not r.startswith("lazyllm:") else f"lazyllm: scoring {schedule.scoring}" for r in rules]
+    header += "".join(f"\n- {rule}" for rule in rules)  # how each method scores tokens
     text = markdown(rows, header) + loss_table(summaries)
     (out / "report.md").write_text(text)
     with (out / "report.csv").open("w", newline="") as fh:
