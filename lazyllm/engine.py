@@ -98,7 +98,7 @@ class PassTrace:
         computed: per layer, ``[q_l]`` sorted original positions the layer computed in this pass.
         attended: per layer, ``[k_l]`` sorted original positions of the keys ``t`` attended (its
             active set ``A_l``; in a ``frozen`` decoding step ``C_l`` plus ``t``).
-        scores: per layer that ranked tokens, ``[n_l]`` attention of ``t`` over ``A_l`` (by position).
+        scores: per layer that ranked tokens, ``[n_l]`` scores of ``A_l`` by the schedule's rule (by position).
     """
 
     computed: tuple[torch.Tensor, ...]
@@ -361,7 +361,7 @@ class _Pass:
 
     # --- step 2: attend and score -------------------------------------------------------------------
     def attend(self, layer: torch.nn.Module, plan: LayerPlan) -> torch.Tensor | None:
-        """Run the layer on the queries; return ``t``'s attention ``[|A_l|]`` over ``A_l`` if scored."""
+        """Run the layer on the queries; return the rule's scores ``[|A_l|]`` of ``A_l`` (position order) if scored."""
         gen, state = self.gen, self.gen.state
         kv, q_pos = state.kv[plan.index], self.q_pos
         earlier = gen.recent.get(plan.index) if self.decoding else None
