@@ -11,7 +11,7 @@ For the tuned LazyLLM schedule (``--schedule``) on the evaluation examples:
    bootstrap intervals of the score difference against the unpruned baseline and against the tuned
    schedule, and FLOP and measured (median paired TTFT) speedups side by side. Matching is on the
    FLOP model because it is deterministic; the measured speedups show how well it carries over.
-2. **Same loss.** Each peer runs at a few settings of its size knob (:data:`SWEEP`); its speedup at
+2. **Same loss.** Each peer runs at a few settings of its size knob (:data:`SWEEP_SHARES`); its speedup at
    the tuned schedule's accuracy loss is read off that curve (linear interpolation between the two
    settings around the loss; None if no setting is that accurate).
 3. **Plot.** Score against speedup (FLOP model and measured, one panel each): one curve per method,
@@ -38,15 +38,15 @@ import numpy as np
 from lazyllm.flops import ModelDims
 from lazyllm.methods import make_method, peer_names
 from lazyllm.methods import method as method_spec
-from lazyllm.peers import match_speedup, peer_flop_speedup
+from lazyllm.peers import PEERS, match_speedup, peer_flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator, ExampleResult, macro_score
 from tuner.settings import EvaluateSettings
 
 SWEEP_SHARES: tuple[float, ...] = (0.1, 0.3, 0.6)
 """Size-knob settings (shares of the prompt kept) each peer's curve runs at."""
-DEFAULT_PEERS = ("gemfilter", "tsp")
-"""The peers compared when ``--methods`` names none: the published configurations."""
+DEFAULT_PEERS = tuple(p.name for p in PEERS.values() if p.published)
+"""The peers compared when ``--methods`` names none: the published configurations (gemfilter, tsp)."""
 BOOTSTRAP_DRAWS = 2000
 
 
