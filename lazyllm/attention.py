@@ -9,7 +9,7 @@ registered with transformers' ``AttentionInterface``; the wrapper receives each 
 queries, keys and values and
 
 * prepends the keys/values the layer computed in earlier steps (the engine's per-layer KV store),
-* computes the last query's attention over the active keys when the layer prunes,
+* scores the active keys by the attention of the newest queries when the layer prunes,
 * delegates the attention itself to the model's own kernel (sdpa or eager).
 
 Masks here are additive float masks ``[1, 1, q, k]`` (0 = attend, dtype-min = blocked), which both
@@ -28,7 +28,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from lazyllm.importance import last_query_attention
+from lazyllm.importance import window_scores
 
 ATTENTION_NAME = "lazyllm"
 CALL_KWARG = "lazyllm_call"
@@ -43,16 +43,45 @@ class AttentionCall:
         inner: the model's own attention implementation ("sdpa" or "eager").
         store: called with the new ``key, value`` ``[1, KVH, q, D]``; returns all keys/values the
             queries may see ``[1, KVH, k, D]`` (None: the new ones are all there is, as in a prefill).
-        want_scores: compute the last query's attention over the keys.
-        last_key_mask: ``[k]`` bool, keys the last query may see (None: all).
-        scores: ``[1, k]`` float32, set when ``want_scores``.
+        want_scores: score the keys by the window's queries (:func:`~lazyllm.importance.window_scores`).
+        values: ``"softmax"`` or ``"raw"`` (the schedule's :class:`~lazyllm.scoring.Scoring`).
+        window: the rule's query window ``w``.
+        last_key_mask: ``[k]`` bool, keys the last query may see (None: all); used when ``window == 1``.
+        window_mask: ``[w', k]`` bool, keys each window query may see; used when ``window > 1``.
+        earlier_queries: in a decoding step, ``[1, H, m, D]`` queries of the window's earlier
+            positions (from earlier passes), or None; the window is then those plus the newest query.
+            In a prefill (``decoding`` False) the window is the last ``w`` queries of the call.
+        scores: ``[H, k]`` float32 per-head window scores, set when ``want_scores``.
+        window_queries: ``[1, H, w', D]`` the window's queries, set when ``want_scores`` and ``window > 1``.
     """
 
     inner: str
     store: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     want_scores: bool = False
+    values: str = "softmax"
+    window: int = 1
+    decoding: bool = False
     last_key_mask: torch.Tensor | None = None
+    window_mask: torch.Tensor | None = None
+    earlier_queries: torch.Tensor | None = None
     scores: torch.Tensor | None = None
+    window_queries: torch.Tensor | None = None
+
+    def score(self, query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None) -> None:
+        """Fill :attr:`scores` (and :attr:`window_queries`) from the layer's ``query`` ``[1, H, q, D]`` and
+        every key it sees ``[1, KVH, k, D]``."""
+        if self.window == 1:
+            mask = None if self.last_key_mask is None else self.last_key_mask[None]
+            self.scores = window_scores(query[:, :, -1:], key, scaling, mask, softcap, self.values)
+            return
+        if not self.decoding:
+            queries = query[:, :, -self.window :]
+        elif self.earlier_queries is None:
+            queries = query[:, :, -1:]
+        else:
+            queries = torch.cat([self.earlier_queries, query[:, :, -1:]], dim=2)[:, :, -self.window :]
+        self.window_queries = queries
+        self.scores = window_scores(queries, key, scaling, self.window_mask, softcap, self.values)
 
 
 def _inner_attention(module: torch.nn.Module, name: str) -> Any:
@@ -78,7 +107,7 @@ def _lazyllm_attention(
             key, value = call.store(key, value)
         if call.want_scores:
             scaling = float(kwargs.get("scaling") or query.shape[-1] ** -0.5)
-            call.scores = last_query_attention(query, key, scaling, call.last_key_mask, kwargs.get("softcap"))
+            call.score(query, key, scaling, kwargs.get("softcap"))
     result: tuple[torch.Tensor, torch.Tensor | None] = inner(
         module, query, key, value, attention_mask, **kwargs
     )

@@ -5,8 +5,11 @@ tokens at the next original positions and ends with ``t``, the newest position. 
 
 * **Active set** ``A_l`` (sorted original positions): ``A_0`` is every position so far; ``A_{l+1}``
   is ``A_l`` minus its lowest-ranked tokens by the schedule's rounding rule (``p[l]``), ranked by the
-  attention ``t`` pays each of them at layer ``l`` (softmax over ``A_l``, mean over query heads).
-  ``t`` always survives.
+  schedule's :class:`~lazyllm.scoring.Scoring` rule at layer ``l`` (by default the attention ``t``
+  pays each of them: softmax over ``A_l``, mean over query heads; a rule may use the queries of the
+  last ``w`` positions, pooling, another head reduction or the layers since the previous stage).
+  ``t`` always survives. In a decoding step the window is ``t`` plus the newest earlier positions
+  the layer scored with (their queries are kept per layer, ``w - 1`` of them).
 * **Queries** ``Q_l = A_l \\ C_l``: the active tokens layer ``l`` has never computed (``C_l``, see
   :mod:`lazyllm.state`). In a prefill that is all of ``A_l``; in a decoding step it is ``t`` plus any
   *revived* token, one pruned earlier and chosen again now. Nothing is computed twice in one layer.
@@ -41,6 +44,7 @@ wrapper (:mod:`lazyllm.attention`); the model and its config are shared, never s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Sequence
@@ -53,7 +57,8 @@ from lazyllm.architectures import DecoderStack, PositionEmbeddings, decoder_stac
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers, query_key_mask
 from lazyllm.models import model_name
 from lazyllm.schedule import Revival, Schedule, num_pruned
-from lazyllm.selectors import AttentionSelector, TokenSelector
+from lazyllm.scoring import Scoring
+from lazyllm.selectors import ScoringSelector, TokenSelector
 from lazyllm.state import GenerationState
 from lazyllm.text import StopCriteria, caller_stacklevel, encode_prompt
 from lazyllm.timing import synchronize
@@ -94,7 +99,7 @@ class PassTrace:
         computed: per layer, ``[q_l]`` sorted original positions the layer computed in this pass.
         attended: per layer, ``[k_l]`` sorted original positions of the keys ``t`` attended (its
             active set ``A_l``; in a ``frozen`` decoding step ``C_l`` plus ``t``).
-        scores: per layer that ranked tokens, ``[n_l]`` attention of ``t`` over ``A_l`` (by position).
+        scores: per layer that ranked tokens, ``[n_l]`` scores of ``A_l`` by the schedule's rule (by position).
     """
 
     computed: tuple[torch.Tensor, ...]
@@ -170,6 +175,7 @@ class GenerationResult:
         aux_peak_entries / aux_peak_bytes: Aux Cache high-water mark.
         revival: the schedule's revival policy, as spelled in its JSON (``"dynamic"``, ``"frozen"``,
             ``"budget:B"``).
+        scoring: the schedule's scoring rule, as spelled by :class:`~lazyllm.scoring.Scoring`.
         revived_pairs: (token, layer) pairs decoding steps computed besides their new tokens.
         step_logits: ``[vocab]`` float32 logits of each step, when asked for.
         trace: what every pass computed, when asked for (``generate(..., trace=True)``).
@@ -186,6 +192,7 @@ class GenerationResult:
     aux_peak_entries: int
     aux_peak_bytes: int
     revival: str = "dynamic"
+    scoring: str = "w1-softmax-none-mean"
     revived_pairs: int = 0
     step_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
     trace: GenerationTrace | None = field(default=None, repr=False)
@@ -221,8 +228,10 @@ class LayerPlan:
         mask: ``[1, 1, q, n_old + q]`` additive mask, or None where causality is implicit.
         key_active: ``[n_old + q]`` bool, keys in ``A_l`` (None: all of them).
         n_prune: tokens pruned after the layer (the rounding rule on ``|A_l|``).
-        want_scores: compute ``t``'s attention (to prune, or for a selector that observes the layer).
+        want_scores: score the active tokens (to prune, or for a selector that observes the layer).
         last_key_mask: ``[n_old + q]`` bool, keys ``t`` may attend (None: all).
+        window_positions: ``[w']`` original positions of the rule's query window (None: ``t`` alone).
+        window_mask: ``[w', n_old + q]`` bool, keys each window query may see (None with ``w = 1``).
     """
 
     index: int
@@ -232,6 +241,8 @@ class LayerPlan:
     n_prune: int
     want_scores: bool
     last_key_mask: torch.Tensor | None
+    window_positions: torch.Tensor | None = None
+    window_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -246,6 +257,9 @@ class _Generation:
     selector: TokenSelector
     percentiles: tuple[float, ...]
     revival: Revival
+    scoring: Scoring = field(default_factory=Scoring)
+    # per layer, the queries [1, H, m, D] and positions [m] of the newest positions it scored with
+    recent: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     prompt_tokens: int = 0
     trace: list[PassTrace] | None = None
     revived_pairs: int = 0
@@ -324,18 +338,44 @@ class _Pass:
         if want_scores and window is not None and span >= window:
             in_window = (self.total - 1 - key_pos) < window
             last_key_mask = in_window if last_key_mask is None else last_key_mask & in_window
-        return LayerPlan(index, n_old, mask, key_active, n_prune, want_scores, last_key_mask)
+        plan = LayerPlan(index, n_old, mask, key_active, n_prune, want_scores, last_key_mask)
+        if want_scores and gen.scoring.window > 1:
+            return self._window_plan(plan, key_pos, window)
+        return plan
+
+    def _window_plan(self, plan: LayerPlan, key_pos: torch.Tensor, window: int | None) -> LayerPlan:
+        """Add the query window of a rule with ``w > 1``: the last ``w`` queries of a prefill, or in a
+        decoding step ``t`` after the newest positions this layer scored with before (device ops only)."""
+        w = self.gen.scoring.window
+        if not self.decoding:
+            positions = self.q_pos[-w:]
+        else:
+            earlier = self.gen.recent.get(plan.index)
+            newest = self.q_pos[-1:]
+            positions = newest if earlier is None else torch.cat([earlier[1], newest])[-w:]
+        allowed = key_pos[None, :] <= positions[:, None]  # [w', K]: causal by original position
+        if window is not None:
+            allowed &= (positions[:, None] - key_pos[None, :]) < window
+        if plan.key_active is not None:
+            allowed &= plan.key_active[None, :]
+        return dataclasses.replace(plan, window_positions=positions, window_mask=allowed)
 
     # --- step 2: attend and score -------------------------------------------------------------------
     def attend(self, layer: torch.nn.Module, plan: LayerPlan) -> torch.Tensor | None:
-        """Run the layer on the queries; return ``t``'s attention ``[|A_l|]`` over ``A_l`` if scored."""
+        """Run the layer on the queries; return the rule's scores ``[|A_l|]`` of ``A_l`` (position order) if scored."""
         gen, state = self.gen, self.gen.state
         kv, q_pos = state.kv[plan.index], self.q_pos
+        earlier = gen.recent.get(plan.index) if self.decoding else None
         call = AttentionCall(
             inner=gen.inner,
             store=(lambda k, v: kv.append(k, v, q_pos)) if state.store_kv else None,
             want_scores=plan.want_scores,
+            values=gen.scoring.values,
+            window=gen.scoring.window,
+            decoding=self.decoding,
             last_key_mask=plan.last_key_mask,
+            window_mask=plan.window_mask,
+            earlier_queries=None if earlier is None else earlier[0],
         )
         self.hidden = layer(
             self.hidden,
@@ -351,8 +391,11 @@ class _Pass:
             raise RuntimeError(
                 f"layer {plan.index} did not call the attention interface; cannot score tokens"
             )
+        if plan.window_positions is not None and call.window_queries is not None and state.store_kv:
+            gen.recent[plan.index] = (call.window_queries, plan.window_positions)
         # keys are [stored slots..., queries...]; read them back in position order of A_l
-        scores = call.scores[0, state.slot_of[plan.index, self.active]] if plan.n_old else call.scores[0]
+        order = state.slot_of[plan.index, self.active] if plan.n_old else None
+        scores = gen.scoring.token_scores(call.scores, order)
         if self.tracing:
             self._scores[plan.index] = scores
         if self.observing and gen.selector.observes(plan.index):
@@ -465,7 +508,8 @@ class LazyLLM:
         model: a supported ``*ForCausalLM`` (see :mod:`lazyllm.architectures`), in eval mode.
         schedule: the pruning schedule (with its revival policy); its layer count must match the model.
         tokenizer: needed to generate from text, apply a chat template or use stop strings.
-        selector: how tokens are ranked at pruning layers (default: LazyLLM's attention rule).
+        selector: how tokens are ranked at pruning layers (default: the schedule's scoring rule,
+            :class:`~lazyllm.selectors.ScoringSelector`; a baseline's selector gets the rule's scores).
         strict_model_name: also require ``schedule.model == model.config.name_or_path``.
     """
 
@@ -483,7 +527,7 @@ class LazyLLM:
         schedule.check_model(model_name(model), self.stack.num_layers, strict_name=strict_model_name)
         self.schedule = schedule
         self.tokenizer = tokenizer
-        self.selector = selector or AttentionSelector()
+        self.selector = selector or ScoringSelector(schedule.scoring, schedule.percentiles)
 
     @property
     def device(self) -> torch.device:
@@ -537,6 +581,7 @@ class LazyLLM:
             selector=self.selector.begin(),
             percentiles=self.schedule.percentiles,
             revival=revival,
+            scoring=self.schedule.scoring,
             prompt_tokens=ids.shape[1],
             trace=[] if trace else None,
         )
@@ -668,6 +713,7 @@ class LazyLLM:
             aux_peak_entries=state.aux_peak_entries,
             aux_peak_bytes=state.aux_peak_bytes,
             revival=str(gen.revival),
+            scoring=str(gen.scoring),
             revived_pairs=gen.revived_pairs,
             step_logits=logits_kept,
             trace=GenerationTrace(tuple(gen.trace)) if gen.trace is not None else None,

@@ -8,7 +8,9 @@ Per decoder layer with ``n`` active tokens (one multiply-add = 2 FLOPs):
 * attention scales with (active query, active key) pairs: ``4 H D * pairs`` (scores and weighted sum),
   ``pairs = n (n + 1) / 2`` under causality; on a sliding layer each query sees at most the active keys
   of its window, estimated as ``window * n / N`` at uniform density;
-* a pruning layer also scores its tokens: ``2 H D n``.
+* a layer that scores its tokens (a pruning layer; under a ``stage`` rule every layer of a stage)
+  computes ``w`` window queries against its ``n`` keys: ``2 H D n w`` (:meth:`Scoring.score_flops`;
+  ``w = 1`` for the default rule). Pooling and head reductions are ``O(H n k)`` and left out.
 
 The LM head runs on the last position only, the same with and without pruning. Norms, rotary
 embeddings and softmax are left out (they are a few percent and scale like the linear parts).
@@ -21,6 +23,7 @@ from typing import Any
 
 from lazyllm.architectures import layer_windows
 from lazyllm.schedule import Schedule, num_pruned
+from lazyllm.scoring import Scoring, scored_layers
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,11 @@ def _pairs(n: int, n_prompt: int, window: int | None) -> float:
     return m * (m + 1) / 2 + (n - m) * m
 
 
-def prefill_flops(dims: ModelDims, counts: list[int], pruning: list[bool] | None = None) -> float:
-    """FLOPs of a prefill where layer ``l`` computes ``counts[l]`` tokens (``counts[0]`` = prompt length)."""
+def prefill_flops(
+    dims: ModelDims, counts: list[int], pruning: list[bool] | None = None, scoring: Scoring | None = None
+) -> float:
+    """FLOPs of a prefill where layer ``l`` computes ``counts[l]`` tokens (``counts[0]`` = prompt length)
+    and the layers flagged in ``pruning`` score theirs by ``scoring`` (default: the last position)."""
     if len(counts) != dims.num_layers:
         raise ValueError(f"counts has {len(counts)} entries, the model has {dims.num_layers} layers")
     d, hd = dims.hidden, dims.head_dim
@@ -82,11 +88,12 @@ def prefill_flops(dims: ModelDims, counts: list[int], pruning: list[bool] | None
         d * dims.heads * hd + 2 * d * dims.kv_heads * hd + dims.heads * hd * d + 3 * d * dims.intermediate
     )
     n_prompt = counts[0]
+    rule = scoring or Scoring()
     total = 2.0 * d * dims.vocab  # LM head, last position only
     for layer, n in enumerate(counts):
         total += per_token * n + 4 * dims.heads * hd * _pairs(n, n_prompt, dims.windows[layer])
         if pruning is not None and pruning[layer]:
-            total += 2 * dims.heads * hd * n
+            total += rule.score_flops(dims.heads, hd, n)
     return total
 
 
@@ -96,5 +103,6 @@ def flop_speedup(schedule: Schedule, dims: ModelDims, n_tokens: int) -> float:
         raise ValueError(f"schedule has {schedule.num_layers} layers, the model has {dims.num_layers}")
     counts = schedule.keep_counts(n_tokens)
     pruning = [num_pruned(p, n) > 0 for p, n in zip(schedule.percentiles, counts)]
+    scored = scored_layers(schedule.scoring, pruning)
     baseline = prefill_flops(dims, [n_tokens] * dims.num_layers)
-    return baseline / prefill_flops(dims, counts, pruning)
+    return baseline / prefill_flops(dims, counts, scored, schedule.scoring)

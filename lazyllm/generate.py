@@ -3,10 +3,11 @@
     python -m lazyllm.generate --model smollm2-135m --schedule s.json --prompt-file f.txt \\
         --max-new-tokens 64 [--compare]
 
-Prints the answer, TTFT, total time, decode ms/token, the revival policy and the share of prompt
+Prints the answer, TTFT, total time, decode ms/token, the revival policy, the scoring rule and the share of prompt
 tokens computed; with ``--compare`` also the unpruned answer and the speedups (one unpruned run and
 one pruned run, after a warm-up). ``--revival frozen`` (or ``dynamic``, ``budget:N``) overrides the
-schedule's revival policy.
+schedule's revival policy; ``--scoring fastkv`` (or any :class:`~lazyllm.scoring.Scoring` spelling) its
+scoring rule. Without overrides the engine uses the schedule file's own (its ``scoring`` field).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
         "--revival", help="revival policy instead of the schedule's: dynamic, frozen or budget:N"
     )
     parser.add_argument(
+        "--scoring",
+        help="scoring rule instead of the schedule's: last, fastkv, gemfilter or w<W>-<softmax|raw>-...",
+    )
+    parser.add_argument(
         "--stop", action="append", default=[], help="stop string (repeatable), e.g. --stop $'\\n'"
     )
     parser.add_argument("--no-chat", action="store_true", help="raw prompt: do not apply the chat template")
@@ -61,7 +66,7 @@ def _report(label: str, result: GenerationResult) -> None:
     print(
         f"TTFT {result.ttft_s:.3f} s, total {result.total_s:.3f} s, "
         f"decode {'-' if decode is None else f'{decode:.1f}'} ms/token, {len(result.token_ids)} tokens "
-        f"({result.finish_reason}), revival {result.revival}, prompt {result.prompt_tokens} tokens, "
+        f"({result.finish_reason}), revival {result.revival}, scoring {result.scoring}, prompt {result.prompt_tokens} tokens, "
         f"{100 * result.prompt_computed_fraction:.1f}% of prompt (token, layer) pairs computed"
     )
 
@@ -103,6 +108,8 @@ def _generate(args: argparse.Namespace) -> int:
     schedule = loaded if loaded is not None else Schedule.paper_style(args.model, layers)
     if args.revival:
         schedule = schedule.with_revival(args.revival)
+    if args.scoring:
+        schedule = schedule.with_scoring(args.scoring)
     engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=not args.allow_other_model)
     chat = not args.no_chat and bool(getattr(tokenizer, "chat_template", None))
     kwargs = dict(max_new_tokens=args.max_new_tokens, chat=chat, stop_strings=args.stop)

@@ -9,14 +9,17 @@ a schedule are matched to its compute here, beside the baselines themselves:
   computes the same (token, layer) pairs as the schedule in the long-prompt limit.
 - ``compression``: drops the share of prompt words that the schedule skips overall.
 - ``gemfilter`` / ``tsp``: the peers of :mod:`lazyllm.peers` (GemFilter, FastKV's token-selective
-  propagation); they need no schedule and take their own knobs as ``options`` (``r``, ``k``;
-  ``layer``, ``budget``), the papers' defaults otherwise.
+  propagation) with their published scoring rules; ``gemfilter-lasttoken`` / ``tsp-lasttoken`` the
+  same with the last token's softmax attention (earlier reports). They need no schedule and take
+  their own knobs as ``options`` (``r``, ``k``; ``layer``, ``budget``), the papers' defaults otherwise.
 
-Every method declares the option names it takes; :func:`check_options` validates names and
-model-independent values before any model is loaded (an unknown name lists the valid ones).
+Every method is a :class:`Method` record: its factory, the options it takes (validated by
+:func:`check_options` before any model is loaded; an unknown name lists the valid ones), whether it
+needs a schedule, and where it has one its FLOP model, size knob and scoring rule. Nothing branches on
+a method's name.
 
 >>> method_names()
-['baseline', 'compression', 'gemfilter', 'lazyllm', 'random', 'static', 'tsp']
+['baseline', 'compression', 'gemfilter', 'gemfilter-lasttoken', 'lazyllm', 'random', 'static', 'tsp', 'tsp-lasttoken']
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import torch
 
 from lazyllm.baselines import PromptCompression, random_drop, static_pruning
 from lazyllm.engine import GenerationResult, LazyLLM
-from lazyllm.peers import GemFilter, GemFilterKnobs, TokenSelectivePropagation, TSPKnobs
+from lazyllm.flops import ModelDims, flop_speedup
+from lazyllm.peers import PEERS, Peer
 from lazyllm.schedule import Schedule
 
 
@@ -80,37 +84,72 @@ class MethodRequest:
 
 MethodFactory = Callable[[MethodRequest], Generator]
 OptionsCheck = Callable[[Mapping[str, float]], object]
-METHODS: dict[str, MethodFactory] = {}
-METHOD_OPTIONS: dict[str, OptionsCheck] = {}
-NEEDS_SCHEDULE: dict[str, bool] = {}
+FlopModel = Callable[[ModelDims, int, "Schedule | None", Mapping[str, float]], float]
+"""``(dims, n, schedule, options)`` -> theoretical prefill speedup of a method for an ``n``-token prompt."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered generation method and what it can do.
+
+    Attributes:
+        name: registry name.
+        factory: builds its generator from a :class:`MethodRequest`.
+        check: validates its options without a model (``ValueError``); by default it takes none.
+        needs_schedule: whether it is matched to a tuned schedule.
+        flops: its FLOP model, or None where it has none.
+        size_knob: the option that sets how many tokens it keeps (peers), or None.
+        rule: how it scores tokens, for reports (empty where it does not rank tokens by a rule).
+    """
+
+    name: str
+    factory: MethodFactory
+    check: OptionsCheck
+    needs_schedule: bool = True
+    flops: FlopModel | None = None
+    size_knob: str | None = None
+    rule: str = ""
+
+    def flop_speedup(
+        self, dims: ModelDims, n: int, schedule: Schedule | None, options: Mapping[str, float]
+    ) -> float:
+        if self.flops is None:
+            raise ValueError(f"no FLOP model for method {self.name!r}")
+        return self.flops(dims, n, schedule, options)
+
+
+METHODS: dict[str, Method] = {}
 
 
 def _no_options(name: str) -> OptionsCheck:
     def check(options: Mapping[str, float]) -> None:
         if options:
+            takes = ", ".join(f"{p.name} ({', '.join(p.knob_names)})" for p in PEERS.values())
             raise ValueError(
-                f"method {name!r} takes no options (got {', '.join(sorted(options))}); "
-                "options are for: gemfilter (k, r), tsp (budget, layer)"
+                f"method {name!r} takes no options (got {', '.join(sorted(options))}); options are for: {takes}"
             )
 
     return check
 
 
 def register_method(
-    name: str, *, options: OptionsCheck | None = None, needs_schedule: bool = True
+    name: str,
+    *,
+    options: OptionsCheck | None = None,
+    needs_schedule: bool = True,
+    flops: FlopModel | None = None,
+    size_knob: str | None = None,
+    rule: str = "",
 ) -> Callable[[MethodFactory], MethodFactory]:
-    """Decorator: add a factory to :data:`METHODS` under ``name`` (names are unique).
-
-    ``options`` validates the method's knobs without a model (raising ``ValueError``); by default a
-    method takes none. ``needs_schedule``: whether the method is matched to a tuned schedule.
-    """
+    """Decorator: add a factory to :data:`METHODS` under ``name`` (names are unique), with the
+    :class:`Method` attributes given here (``options`` validates the knobs without a model)."""
 
     def add(factory: MethodFactory) -> MethodFactory:
         if name in METHODS:
             raise ValueError(f"method {name!r} is registered twice")
-        METHODS[name] = factory
-        METHOD_OPTIONS[name] = options or _no_options(name)
-        NEEDS_SCHEDULE[name] = needs_schedule
+        METHODS[name] = Method(
+            name, factory, options or _no_options(name), needs_schedule, flops, size_knob, rule
+        )
         return factory
 
     return add
@@ -120,21 +159,30 @@ def method_names() -> list[str]:
     return sorted(METHODS)
 
 
-def check_method(name: str) -> None:
+def method(name: str) -> Method:
+    """The method registered as ``name``; an unknown name lists the valid ones."""
     if name not in METHODS:
         raise ValueError(f"Unknown method {name!r}. Available: {', '.join(method_names())}")
+    return METHODS[name]
+
+
+def check_method(name: str) -> None:
+    method(name)
 
 
 def check_options(name: str, options: Mapping[str, float]) -> None:
     """Validate ``options`` for method ``name`` before any model is loaded (one-line ``ValueError``)."""
-    check_method(name)
-    METHOD_OPTIONS[name](options)
+    method(name).check(options)
 
 
 def needs_schedule(name: str) -> bool:
     """Whether method ``name`` needs a schedule (``baseline`` and the peers do not)."""
-    check_method(name)
-    return NEEDS_SCHEDULE[name]
+    return method(name).needs_schedule
+
+
+def peer_names() -> list[str]:
+    """The registered methods that have a size knob (the peers a matched-speed comparison tunes)."""
+    return [name for name in method_names() if METHODS[name].size_knob is not None]
 
 
 def parse_method_options(text: str | None) -> dict[str, dict[str, float]]:
@@ -180,16 +228,30 @@ def make_method(
     """A generator for method ``name`` (see :data:`METHODS`)."""
     check_options(name, options or {})
     request = MethodRequest(model, tokenizer, schedule, seed, dict(options or {}))
-    return METHODS[name](request)
+    return METHODS[name].factory(request)
 
 
-@register_method("baseline", needs_schedule=False)
+def _unpruned_flops(
+    dims: ModelDims, n: int, schedule: Schedule | None, options: Mapping[str, float]
+) -> float:
+    return 1.0
+
+
+def _schedule_flops(
+    dims: ModelDims, n: int, schedule: Schedule | None, options: Mapping[str, float]
+) -> float:
+    if schedule is None:
+        raise ValueError("the lazyllm FLOP model needs a schedule")
+    return flop_speedup(schedule, dims, n)
+
+
+@register_method("baseline", needs_schedule=False, flops=_unpruned_flops)
 def _baseline(req: MethodRequest) -> Generator:
     name = str(req.model.config.name_or_path)
     return LazyLLM(req.model, Schedule.keep_all(name, req.num_layers), tokenizer=req.tokenizer)
 
 
-@register_method("lazyllm")
+@register_method("lazyllm", flops=_schedule_flops, rule="the schedule's own (Schedule.scoring)")
 def _lazyllm(req: MethodRequest) -> Generator:
     schedule = req.require_schedule("lazyllm")
     return LazyLLM(req.model, schedule, tokenizer=req.tokenizer, strict_model_name=False)
@@ -228,13 +290,23 @@ def _compression(req: MethodRequest) -> Generator:
     return PromptCompression(req.model, req.tokenizer, drop_fraction=drop)
 
 
-@register_method("gemfilter", options=GemFilterKnobs.from_options, needs_schedule=False)
-def _gemfilter(req: MethodRequest) -> Generator:
-    knobs = GemFilterKnobs.from_options(req.options)
-    return GemFilter(req.model, req.tokenizer, r=knobs.r, k=knobs.k)
+def _register_peer(peer: Peer) -> None:
+    def factory(req: MethodRequest) -> Generator:
+        generator: Generator = peer.make(req.model, req.tokenizer, req.options)
+        return generator
+
+    def flops(dims: ModelDims, n: int, schedule: Schedule | None, options: Mapping[str, float]) -> float:
+        return peer.flop_speedup(dims, n, options)
+
+    register_method(
+        peer.name,
+        options=peer.check,
+        needs_schedule=False,
+        flops=flops,
+        size_knob=peer.size_knob,
+        rule=peer.describe(),
+    )(factory)
 
 
-@register_method("tsp", options=TSPKnobs.from_options, needs_schedule=False)
-def _tsp(req: MethodRequest) -> Generator:
-    knobs = TSPKnobs.from_options(req.options)
-    return TokenSelectivePropagation(req.model, req.tokenizer, layer=knobs.layer, budget=knobs.budget)
+for _peer in PEERS.values():
+    _register_peer(_peer)

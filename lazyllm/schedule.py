@@ -3,8 +3,10 @@
 A :class:`Schedule` holds one prune percentile ``p[l]`` in ``[0, 100)`` per decoder layer of a named
 model. Semantics (LazyLLM, Fu et al. 2024):
 
-* After layer ``l`` has run, every token still active is scored by the attention probability that the
-  last position pays to it at layer ``l`` (softmax over the active keys, mean over all query heads).
+* After layer ``l`` has run, every token still active is scored by the schedule's
+  :class:`~lazyllm.scoring.Scoring` rule; the default (LazyLLM's, and every version-1 and version-2
+  file's) is the attention probability that the last position pays to it at layer ``l`` (softmax
+  over the active keys, mean over all query heads).
 * The lowest-scoring tokens leave the computation for every later layer, so layer ``l + 1`` sees a
   subset of the tokens of layer ``l``. The last position always survives.
 * ``p[l] == 0`` means layer ``l`` prunes nothing. The last layer has no later layer to prune for, so
@@ -24,10 +26,13 @@ model. Semantics (LazyLLM, Fu et al. 2024):
 * ``budget:B``: like ``dynamic``, but a step computes at most ``B`` (token, layer) pairs besides its
   new token; the best-ranked revival candidates get the budget, the others are pruned.
 
-JSON format (version 2; version 1 has no ``revival`` field and means ``dynamic``)::
+JSON format (version 3; version 1 has no ``revival`` field and means ``dynamic``; versions 1 and 2
+have no ``scoring`` field and mean the default rule ``w1-softmax-none-mean``)::
 
-    {"format": "lazyllm-schedule", "version": 2, "model": "smollm2-135m", "num_layers": 30,
-     "percentiles": [0, 0, ..., 50, ..., 0], "revival": {"policy": "frozen"}, "metadata": {...}}
+    {"format": "lazyllm-schedule", "version": 3, "model": "smollm2-135m", "num_layers": 30,
+     "percentiles": [0, 0, ..., 50, ..., 0], "revival": {"policy": "frozen"},
+     "scoring": {"window": 1, "values": "softmax", "pool": "none", "kernel": 1, "heads": "mean",
+                 "layers": "layer"}, "metadata": {...}}
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lazyllm.scoring import Scoring
+
 FORMAT_NAME = "lazyllm-schedule"
-FORMAT_VERSION = 2
-_READS_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+_READS_VERSIONS = (1, 2, 3)
 _FLOOR_TOLERANCE = 1e-9
 REVIVAL_POLICIES = ("dynamic", "frozen", "budget")
 
@@ -229,12 +236,15 @@ class Schedule:
         percentiles: one prune percentile per decoder layer, each in ``[0, 100)``; the last is 0.
         metadata: optional provenance (study, trial, metrics, ...); JSON types only.
         revival: the decoding-time :class:`Revival` policy (or its spelling, e.g. ``"budget:32"``).
+        scoring: the token-scoring :class:`~lazyllm.scoring.Scoring` rule of every selection, in the
+            prefill and in decoding-time re-selection (or its spelling, e.g. ``"fastkv"``).
     """
 
     model: str
     percentiles: tuple[float, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
     revival: Revival = field(default_factory=Revival)
+    scoring: Scoring = field(default_factory=Scoring)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -265,11 +275,20 @@ class Schedule:
             object.__setattr__(self, "revival", Revival.parse(self.revival))
         elif not isinstance(self.revival, Revival):
             raise ValueError(f"revival = {self.revival!r}: must be a Revival or its spelling, e.g. 'frozen'")
+        if isinstance(self.scoring, str):
+            object.__setattr__(self, "scoring", Scoring.parse(self.scoring))
+        elif not isinstance(self.scoring, Scoring):
+            raise ValueError(f"scoring = {self.scoring!r}: must be a Scoring or its spelling, e.g. 'fastkv'")
 
     def with_revival(self, revival: Revival | str) -> Schedule:
         """The same schedule with another revival policy (metadata kept)."""
         policy = revival if isinstance(revival, Revival) else Revival.parse(revival)
         return dataclasses.replace(self, revival=policy)
+
+    def with_scoring(self, scoring: Scoring | str) -> Schedule:
+        """The same schedule with another scoring rule (metadata kept)."""
+        rule = scoring if isinstance(scoring, Scoring) else Scoring.parse(scoring)
+        return dataclasses.replace(self, scoring=rule)
 
     # ----------------------------------------------------------------------------------------------
     # constructors
@@ -390,6 +409,7 @@ class Schedule:
             "num_layers": self.num_layers,
             "percentiles": list(self.percentiles),
             "revival": self.revival.to_dict(),
+            "scoring": self.scoring.to_dict(),
             "metadata": dict(self.metadata),
         }
 
@@ -423,12 +443,14 @@ class Schedule:
         fields = {"format", "version", "model", "num_layers", "percentiles", "metadata"}
         if version >= 2:  # version 1 has no revival field: the paper's dynamic re-selection
             fields.add("revival")
+        if version >= 3:  # versions 1 and 2 have no scoring field: the last position's attention
+            fields.add("scoring")
         unknown = set(data) - fields
         if unknown:
             raise ValueError(
                 f"unknown field(s) {sorted(unknown)} in schedule JSON (version {version}); remove them"
             )
-        for key in ("model", "num_layers", "percentiles", *(("revival",) if version >= 2 else ())):
+        for key in sorted(fields - {"format", "version", "metadata"}):  # model, num_layers, ...
             if key not in data:
                 raise ValueError(f"missing field {key!r} in schedule JSON")
         percentiles = data["percentiles"]
@@ -443,7 +465,14 @@ class Schedule:
         if metadata is None:
             metadata = {}
         revival = Revival.from_dict(data["revival"]) if version >= 2 else Revival()
-        return cls(model=data["model"], percentiles=tuple(percentiles), metadata=metadata, revival=revival)
+        scoring = Scoring.from_dict(data["scoring"]) if version >= 3 else Scoring()
+        return cls(
+            model=data["model"],
+            percentiles=tuple(percentiles),
+            metadata=metadata,
+            revival=revival,
+            scoring=scoring,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:

@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 
 from lazyllm.cli import cli_main
 from lazyllm.flops import ModelDims
-from lazyllm.methods import Generator, make_method
+from lazyllm.methods import Generator, make_method, peer_names
+from lazyllm.methods import method as method_spec
 from lazyllm.models import load_model
-from lazyllm.peers import PEER_METHODS
 from lazyllm.schedule import Schedule
 from tuner import matched
 from tuner.evaluation import Evaluator, Example, ExampleResult, MethodSpeed, summarize, write_results
@@ -227,7 +227,7 @@ def evaluate(settings: EvaluateSettings) -> int:
     summaries: dict[str, dict[str, Any]] = {}
     options = settings.options_by_method
     for method in settings.method_list:
-        if settings.match_speedup and method in PEER_METHODS:
+        if settings.match_speedup and method in peer_names():
             continue  # run by the matched comparison, at matched knobs and along its sweep
         if method == "baseline":
             res = baseline
@@ -246,6 +246,10 @@ def evaluate(settings: EvaluateSettings) -> int:
         f"{len(evaluator.examples)} examples, prompts cut to {settings.max_prompt_tokens} tokens"
         + (f", schedule {settings.schedule}" if settings.schedule else "")
     )
+    rules = [f"{m}: {method_spec(m).rule}" for m in settings.method_list if method_spec(m).rule]
+    if schedule is not None and "lazyllm" in settings.method_list:
+        rules = [r if not r.startswith("lazyllm:") else f"lazyllm: scoring {schedule.scoring}" for r in rules]
+    header += "".join(f"\n- {rule}" for rule in rules)  # how each method scores tokens
     text = markdown(rows, header) + loss_table(summaries)
     (out / "report.md").write_text(text)
     with (out / "report.csv").open("w", newline="") as fh:

@@ -3,8 +3,9 @@
 For the tuned LazyLLM schedule (``--schedule``) on the evaluation examples:
 
 1. **Same speedup.** Its FLOP-model prefill speedup (median over the examples' prompt lengths) is
-   the target; each peer (:mod:`lazyllm.peers`: GemFilter, TSP) gets the size knob that reaches the
-   target while keeping the most tokens (:func:`lazyllm.peers.match_speedup`, at the median prompt
+   the target; each peer (:mod:`lazyllm.peers`: GemFilter, TSP, with their published scoring rules)
+   gets the size knob that reaches the
+   target while keeping the most tokens (:meth:`lazyllm.peers.base.Peer.match_speedup`, at the median prompt
    length; the other knobs as ``--method-options`` give them, paper defaults otherwise). Each is
    evaluated on the same examples as the tuned schedule, and the table shows score, the accuracy
    loss against the unpruned baseline and against the tuned schedule with paired bootstrap intervals,
@@ -13,7 +14,7 @@ For the tuned LazyLLM schedule (``--schedule``) on the evaluation examples:
    search measures them (:meth:`tuner.evaluation.Evaluator.measure_speed`, :mod:`tuner.speed`: on the
    example of median prompt length, interleaved rounds, minimum per side, the CPU thread clock on a
    CPU); the report names the clock and the rounds.
-2. **Same loss.** Each peer runs at a few settings of its size knob (:data:`SWEEP`); its speedup at
+2. **Same loss.** Each peer runs at a few settings of its size knob (:data:`SWEEP_SHARES`); its speedup at
    the tuned schedule's accuracy loss is read off that curve (linear interpolation between the two
    settings around the loss; None if no setting is that accurate).
 3. **Plot.** Score against speedup (FLOP model and measured, one panel each): one curve per method,
@@ -33,21 +34,23 @@ import csv
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lazyllm.flops import ModelDims, flop_speedup
-from lazyllm.methods import make_method
-from lazyllm.peers import PEER_METHODS, match_speedup, peer_flop_speedup
+from lazyllm.flops import ModelDims
+from lazyllm.methods import make_method, peer_names
+from lazyllm.methods import method as method_spec
+from lazyllm.peers import PEERS, match_speedup, peer_flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator, ExampleResult, MethodSpeed, loss_estimate, macro_score
 from tuner.settings import EvaluateSettings
 from tuner.stats import DEFAULT_LEVEL, Estimate
 
-SWEEP: dict[str, tuple[float, ...]] = {"gemfilter": (0.1, 0.3, 0.6), "tsp": (0.1, 0.3, 0.6)}
+SWEEP_SHARES: tuple[float, ...] = (0.1, 0.3, 0.6)
 """Size-knob settings (shares of the prompt kept) each peer's curve runs at."""
-SIZE_KNOB = {"gemfilter": "k", "tsp": "budget"}
+DEFAULT_PEERS = tuple(p.name for p in PEERS.values() if p.published)
+"""The peers compared when ``--methods`` names none: the published configurations (gemfilter, tsp)."""
 
 
 def interval_text(est: Estimate) -> str:
@@ -99,16 +102,10 @@ def median_flop_speedup(
     dims: ModelDims,
     lengths: Sequence[int],
 ) -> float:
-    """Median over prompt lengths of the FLOP-model prefill speedup of a method at its knobs."""
-    if method in PEER_METHODS:
-        values = [peer_flop_speedup(method, dims, n, options) for n in lengths]
-    elif method == "lazyllm" and schedule is not None:
-        values = [flop_speedup(schedule, dims, n) for n in lengths]
-    elif method == "baseline":
-        values = [1.0]
-    else:
-        raise ValueError(f"no FLOP model for method {method!r}")
-    return float(statistics.median(values))
+    """Median over prompt lengths of the FLOP-model prefill speedup of a method at its knobs (the
+    method's own FLOP model, :attr:`lazyllm.methods.Method.flops`)."""
+    spec = method_spec(method)
+    return float(statistics.median(spec.flop_speedup(dims, n, schedule, options) for n in lengths))
 
 
 def speedup_at_loss(points: Sequence[Point], loss: float, kind: str = "flop_speedup") -> float | None:
@@ -186,6 +183,8 @@ class MatchedReport:
     points: list[Point]
     at_loss: dict[str, dict[str, float | None]]
     unreachable: dict[str, float]
+    rules: dict[str, str] = field(default_factory=dict)
+    """How each method scores tokens (its source and rule; the tuned schedule's own rule)."""
 
 
 def compare(
@@ -195,9 +194,9 @@ def compare(
     dims: ModelDims,
     lengths: Sequence[int],
     *,
-    peers: Sequence[str] = PEER_METHODS,
+    peers: Sequence[str] = DEFAULT_PEERS,
     fixed: Mapping[str, Mapping[str, float]] | None = None,
-    sweep: Mapping[str, Sequence[float]] = SWEEP,
+    sweep: Sequence[float] = SWEEP_SHARES,
     level: float = DEFAULT_LEVEL,
 ) -> MatchedReport:
     """Evaluate the tuned schedule, each peer at the matched speedup and along its sweep (see the module
@@ -229,18 +228,19 @@ def compare(
     points = [tuned]
     unreachable: dict[str, float] = {}
     for method in peers:
+        size_knob = method_spec(method).size_knob
+        if size_knob is None:
+            raise ValueError(f"method {method!r} has no size knob to match; peers: {', '.join(peer_names())}")
         knobs = dict(fixed.get(method, {}))
-        knobs.pop(SIZE_KNOB[method], None)
+        knobs.pop(size_knob, None)
         matched = match_speedup(method, dims, n_mid, target, knobs)
         if matched is None:  # even one kept token is slower than the target
-            unreachable[method] = peer_flop_speedup(
-                method, dims, n_mid, {**knobs, SIZE_KNOB[method]: 1 / n_mid}
-            )
+            unreachable[method] = peer_flop_speedup(method, dims, n_mid, {**knobs, size_knob: 1 / n_mid})
         else:
             matched = {k: round(v, 4) for k, v in matched.items()}
             points.append(point(method, matched, "matched", runner(method, matched)))
-        for share in sweep.get(method, ()):
-            options = {**knobs, SIZE_KNOB[method]: share}
+        for share in sweep:
+            options = {**knobs, size_knob: share}
             points.append(point(method, options, "sweep", runner(method, options)))
     at_loss: dict[str, dict[str, float | None]] = {}
     for method in peers:
@@ -257,6 +257,8 @@ def compare(
         points=points,
         at_loss=at_loss,
         unreachable=unreachable,
+        rules={"tuned schedule": f"scoring {schedule.scoring}"}
+        | {method: method_spec(method).rule for method in peers},
     )
 
 
@@ -325,6 +327,9 @@ def markdown(report: MatchedReport, header: str) -> str:
         )
     for method, best in report.unreachable.items():
         lines.append(f"| {method} | - | - | unreachable: at most {best:.2f}x with one token kept | | | | |")
+    if report.rules:
+        lines += ["", "**Scoring rules**", ""]
+        lines += [f"- {method}: {rule}" for method, rule in report.rules.items()]
     lines += [
         "",
         f"**Matched loss**: each method's speedup at the tuned schedule's loss "
@@ -408,7 +413,7 @@ def run(
 ) -> str:
     """The ``--match-speedup`` part of ``python -m tuner.evaluate``: compare, write, return the markdown.
 
-    Peers come from ``--methods`` (all of :data:`lazyllm.peers.PEER_METHODS` if it names none); their
+    Peers come from ``--methods`` (:data:`DEFAULT_PEERS` if it names none); their
     ``--method-options`` other than the size knob stay fixed. ``known``: results and timing the caller has
     for a method at its default knobs on the same examples (e.g. ``lazyllm``), used instead of rerunning.
     """
@@ -434,7 +439,7 @@ def run(
         sort_keys=True,
     )
     keys = [(ex.dataset, ex.record_id) for ex in evaluator.examples]
-    peers = [m for m in settings.method_list if m in PEER_METHODS] or list(PEER_METHODS)
+    peers = [m for m in settings.method_list if m in peer_names()] or list(DEFAULT_PEERS)
     report = compare(
         cached_run(runner, out / "matched", keys, fingerprint),
         baseline,

@@ -28,9 +28,12 @@ RECORD_VERSION = 2
 
 
 def schedule_key(schedule: Schedule) -> str:
-    """What makes two schedules the same: every field but the free-form metadata."""
+    """What makes two schedules compute differently: every field but the free-form metadata; for a
+    schedule that prunes nothing, only the model and depth (no token is scored or revived)."""
     data = schedule.to_dict()
     data.pop("metadata", None)
+    if not schedule.prunes:
+        data = {k: data[k] for k in ("model", "num_layers", "percentiles") if k in data}
     return json.dumps(data, sort_keys=True)
 
 

@@ -43,7 +43,12 @@ def check_name(name: str, alias: str | None = None) -> None:
 def version_tags(schedule: Schedule, extra: dict[str, Any] | None = None) -> dict[str, str]:
     """Tags for a model version: the schedule's metrics and provenance (every value redacted)."""
     meta = schedule.metadata
-    tags: dict[str, Any] = {"model": schedule.model, "num_layers": schedule.num_layers}
+    tags: dict[str, Any] = {
+        "model": schedule.model,
+        "num_layers": schedule.num_layers,
+        "revival": str(schedule.revival),
+        "scoring": str(schedule.scoring),
+    }
     for key in ("study", "trial", "task", "split", "search_space", "lazyllm_version", "source"):
         if meta.get(key) is not None:
             tags[key] = meta[key]

@@ -13,6 +13,12 @@ Layers are written as **fractions of depth** in the YAML files, so that one file
 depth: a fraction ``f`` is layer ``round(f * (L - 1))`` of an ``L``-layer model, clamped to
 ``0..L-2`` (the last layer cannot prune); see :func:`depth_to_layer`.
 
+Every space also searches the **scoring rule** (:class:`~lazyllm.scoring.Scoring`): its YAML field
+``scoring`` lists the rules to choose from (aliases such as ``last``, ``fastkv``, ``gemfilter`` or full
+spellings such as ``w8-softmax-none-mean``; default ``[last]``, today's rule). With more than one
+choice a trial has the categorical parameter ``scoring`` (the canonical spelling); a parameter dict
+without it (trials of older studies) means today's rule, ``w1-softmax-none-mean``.
+
 Every space maps a parameter dict to a :class:`~lazyllm.schedule.Schedule` with the pure
 :meth:`SearchSpace.to_schedule`; :meth:`SearchSpace.suggest` asks a trial for the parameters and then
 calls ``to_schedule``, so a finished trial's ``params`` always rebuild the schedule it ran with.
@@ -35,7 +41,9 @@ from typing import Any, ClassVar
 import yaml
 from optuna.trial import BaseTrial
 
+from lazyllm.peers import PEERS
 from lazyllm.schedule import Schedule
+from lazyllm.scoring import Scoring
 from tuner.strict_yaml import load_strict
 
 SEARCH_SPACE_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -178,18 +186,36 @@ class SearchSpace(ABC):
     Args:
         name: the space's name (the YAML file's stem).
         description: one line for people.
+        scoring: the scoring rules to choose from (spellings of :class:`~lazyllm.scoring.Scoring`,
+            stored canonically); one rule means no ``scoring`` parameter.
     """
 
     kind: ClassVar[str]
 
     name: str
     description: str = ""
+    scoring: tuple[str, ...] = (str(Scoring()),)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"name = {self.name!r}: must be a non-empty string")
         if not isinstance(self.description, str):
             raise ValueError(f"description = {self.description!r}: must be a string")
+        rules = self.scoring
+        if isinstance(rules, str) or not isinstance(rules, (list, tuple)) or not rules:
+            raise ValueError(
+                f"scoring = {rules!r}: must be a non-empty list of scoring rules, e.g. [last, fastkv]"
+            )
+        canonical: list[str] = []
+        for rule in rules:
+            try:
+                spelled = str(Scoring.parse(str(rule)))
+            except ValueError as exc:
+                raise ValueError(f"scoring = {list(rules)!r}: {exc}") from None
+            if spelled in canonical:
+                raise ValueError(f"scoring = {list(rules)!r}: {rule!r} repeats {spelled!r}; remove one")
+            canonical.append(spelled)
+        object.__setattr__(self, "scoring", tuple(canonical))
 
     @abstractmethod
     def suggest_params(self, trial: BaseTrial, num_layers: int) -> dict[str, Any]:
@@ -206,12 +232,64 @@ class SearchSpace(ABC):
     @abstractmethod
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
         """Parameter dicts for ``study.enqueue_trial``, inside this space: keep-all (where the space
-        holds it) first, then a paper-style progressive schedule."""
+        holds it) first, then a paper-style progressive schedule (today's rule), then the published
+        peers with their own rules (:meth:`peer_starts`)."""
 
     def suggest(self, trial: BaseTrial, model: str, num_layers: int) -> Schedule:
-        """Ask ``trial`` for a schedule of ``model`` (``num_layers`` decoder layers)."""
+        """Ask ``trial`` for a schedule of ``model`` (``num_layers`` decoder layers), its scoring rule
+        included."""
         _check_num_layers(num_layers)
-        return self.to_schedule(self.suggest_params(trial, num_layers), model, num_layers)
+        params = self.suggest_params(trial, num_layers)
+        if len(self.scoring) > 1:
+            params["scoring"] = trial.suggest_categorical("scoring", list(self.scoring))
+        return self.to_schedule(params, model, num_layers)
+
+    def scoring_of(self, params: Mapping[str, Any]) -> Scoring:
+        """The rule ``params`` choose: ``params["scoring"]`` (one of :attr:`scoring`), or today's rule
+        where it is absent (parameters of older studies)."""
+        if "scoring" not in params:
+            return Scoring()
+        value = params["scoring"]
+        try:
+            rule = Scoring.parse(str(value))
+        except ValueError:
+            rule = None
+        if rule is None or str(rule) not in self.scoring:
+            raise ValueError(
+                f"params['scoring'] = {value!r}: must be one of {list(self.scoring)} (search space {self.name!r})"
+            )
+        return rule
+
+    def _schedule(
+        self, model: str, percentiles: tuple[float, ...], used: dict[str, Any], params: Mapping[str, Any]
+    ) -> Schedule:
+        """The schedule of ``percentiles`` with the rule ``params`` choose; ``used`` (plus the rule) as metadata."""
+        rule = self.scoring_of(params)
+        if "scoring" in params:
+            used = {**used, "scoring": str(rule)}
+        return Schedule(model=model, percentiles=percentiles, metadata=self._metadata(used), scoring=rule)
+
+    def _with_rule(self, point: dict[str, Any], rule: Scoring) -> dict[str, Any]:
+        """``point`` with its ``scoring`` parameter where the space has one: ``rule`` if the space
+        offers it, else the space's first rule."""
+        if len(self.scoring) > 1:
+            point["scoring"] = str(rule) if str(rule) in self.scoring else self.scoring[0]
+        return point
+
+    @abstractmethod
+    def _one_stage(self, layer: int, keep: float, num_layers: int) -> dict[str, Any]:
+        """Parameters of this space nearest to one stage keeping ``keep`` after ``layer`` (clipped to
+        the space's ranges)."""
+
+    def peer_starts(self, num_layers: int) -> list[dict[str, Any]]:
+        """The published peers (:mod:`lazyllm.peers`) as points of this space: each one's default
+        selection as one stage (layer and share kept, clipped to the space) with its own rule."""
+        points = []
+        for peer in PEERS.values():
+            if peer.published:
+                layer, keep = peer.as_stage(num_layers)
+                points.append(self._with_rule(self._one_stage(layer, keep, num_layers), peer.rule))
+        return points
 
     def describe(self) -> dict[str, Any]:
         """The space's settings as a JSON-able dict (for logging)."""
@@ -328,11 +406,12 @@ class StagesSpace(SearchSpace):
         values = [0.0] * num_layers
         for layer, pcts in by_layer.items():
             values[layer] = compose_percentiles(pcts)
-        return Schedule(model=model, percentiles=tuple(values), metadata=self._metadata(used))
+        return self._schedule(model, tuple(values), used, params)
 
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
         """Keep-all (``n_stages = 0``), then the paper-style stages with layers clipped to
-        :meth:`layer_range` and percentiles clipped and rounded to the range and grid."""
+        :meth:`layer_range` and percentiles clipped and rounded to the range and grid (today's rule),
+        then the peers (:meth:`SearchSpace.peer_starts`)."""
         _check_num_layers(num_layers)
         low, high = self.layer_range(num_layers)
         paper = _paper_reference(num_layers, self.max_stages)
@@ -341,7 +420,16 @@ class StagesSpace(SearchSpace):
         for i, (layer, p) in enumerate(stages):
             point[f"stage{i}_layer"] = min(max(layer, low), high)
             point[f"stage{i}_pct"] = _snap(p, self.pct_low, self.pct_high, self.pct_step)
-        return [{"n_stages": 0}, point]
+        keep_all = self._with_rule({"n_stages": 0}, Scoring())
+        return [keep_all, self._with_rule(point, Scoring()), *self.peer_starts(num_layers)]
+
+    def _one_stage(self, layer: int, keep: float, num_layers: int) -> dict[str, Any]:
+        low, high = self.layer_range(num_layers)
+        return {
+            "n_stages": 1,
+            "stage0_layer": min(max(layer, low), high),
+            "stage0_pct": _snap(100.0 * (1.0 - keep), self.pct_low, self.pct_high, self.pct_step),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -464,7 +552,7 @@ class ParametricSpace(SearchSpace):
         for layer, share in zip(layers, shape_shares(used["shape"], n, self.shape_ratio)):
             keep[layer] *= used["final_keep"] ** share
         values = tuple(100.0 * (1.0 - k) for k in keep)
-        return Schedule(model=model, percentiles=values, metadata=self._metadata(used))
+        return self._schedule(model, values, used, params)
 
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
         """Keep-all (``final_keep = 1``; only when ``final_keep_high == 1``), then the paper-style
@@ -489,7 +577,15 @@ class ParametricSpace(SearchSpace):
                 "shape": "even" if "even" in self.shapes else self.shapes[0],
             }
         )
-        return points
+        return [self._with_rule(p, Scoring()) for p in points] + self.peer_starts(num_layers)
+
+    def _one_stage(self, layer: int, keep: float, num_layers: int) -> dict[str, Any]:
+        return {
+            "start_depth": _snap(layer / (num_layers - 1), self.start_depth_low, self.start_depth_high, None),
+            "final_keep": _snap(keep, self.final_keep_low, self.final_keep_high, None),
+            "n_stages": self.n_stages_low,
+            "shape": "even" if "even" in self.shapes else self.shapes[0],
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -531,7 +627,7 @@ class PerLayerSpace(SearchSpace):
             for layer in range(num_layers - 1)
         }
         values = (*used.values(), 0.0)
-        return Schedule(model=model, percentiles=values, metadata=self._metadata(used))
+        return self._schedule(model, values, used, params)
 
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
         """Keep-all (all zero), then the paper-style percentiles clipped and rounded to the grid."""
@@ -542,7 +638,12 @@ class PerLayerSpace(SearchSpace):
             f"layer{layer}_pct": _snap(paper.percentiles[layer], 0.0, self.pct_high, self.pct_step)
             for layer in range(num_layers - 1)
         }
-        return [keep_all, point]
+        rule = Scoring()
+        return [self._with_rule(keep_all, rule), self._with_rule(point, rule), *self.peer_starts(num_layers)]
+
+    def _one_stage(self, layer: int, keep: float, num_layers: int) -> dict[str, Any]:
+        pct = _snap(100.0 * (1.0 - keep), 0.0, self.pct_high, self.pct_step)
+        return {f"layer{i}_pct": pct if i == layer else 0.0 for i in range(num_layers - 1)}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def test_registry_names_and_errors(model_pair: Callable[[str], tuple[Any, Any]])
     with pytest.raises(ValueError, match="method 'lazyllm' needs a schedule"):
         make_method("lazyllm", model, None)
     with pytest.raises(ValueError, match="registered twice"):
-        register_method("baseline")(METHODS["baseline"])
+        register_method("baseline")(METHODS["baseline"].factory)
     base = make_method("baseline", model, None)
     assert isinstance(base, LazyLLM) and all(p == 0 for p in base.schedule.percentiles)
 

@@ -6,9 +6,11 @@ from typing import Any
 import pytest
 import torch
 
+from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims
-from lazyllm.methods import check_options, make_method
+from lazyllm.methods import METHODS, check_options, make_method
 from lazyllm.peers import (
+    PEERS,
     GemFilter,
     GemFilterKnobs,
     TokenBudget,
@@ -68,13 +70,14 @@ def test_tsp_full_budget_is_keep_all(model_pair: ModelPair, arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_gemfilter_keeps_the_top_k_by_layer_r_attention(model_pair: ModelPair, arch: str) -> None:
-    """The kept positions are the top k by the last query's layer-r attention (mean over heads) of an
-    eager forward of transformers itself, in order, and the second pass is the plain model on them."""
+def test_gemfilter_lasttoken_keeps_the_top_k_by_layer_r_attention(model_pair: ModelPair, arch: str) -> None:
+    """The last-token variant keeps the top k by the last query's layer-r attention (mean over heads)
+    of an eager forward of transformers itself, in order, and the second pass is the plain model on them."""
     model, eager = model_pair(arch)
     ids = prompt(N, seed=13)
     r, k = 3, 7
-    gem = GemFilter(model, r=r, k=k)
+    gem = make_method("gemfilter-lasttoken", model, None, options={"r": r, "k": k})
+    assert isinstance(gem, GemFilter) and str(gem.scoring) == "w1-softmax-none-mean"
     selection = gem.select(ids)
     with torch.inference_mode():
         attn = eager(ids, output_attentions=True).attentions[r - 1]  # [1, H, N, N]
@@ -202,3 +205,82 @@ def test_peers_exact_on_smollm2(smollm2: tuple[Any, Any]) -> None:
     assert isinstance(gem, GemFilter) and gem.r == 12
     out = gem.generate(text, chat=True, max_new_tokens=6)
     assert out.prompt_computed_per_layer[0] > 1.0 > out.prompt_computed_per_layer[-1]
+
+
+# --------------------------------------------------------------------------------------------------
+# the published rules, recomputed by hand
+def _kept_by(scores: torch.Tensor, keep: int) -> list[int]:
+    """Positions kept: the last always, then the top ``keep - 1`` of the others (ties: earlier dropped)."""
+    n = scores.shape[0]
+    ranked = sorted(range(n - 1), key=lambda i: (float(scores[i]), i))
+    dropped = set(ranked[: n - keep])
+    return [i for i in range(n) if i not in dropped]
+
+
+def test_gemfilter_selects_by_raw_qk_summed_over_heads_avg_pooled(model_pair: ModelPair) -> None:
+    """GemFilter's rule (arXiv 2409.17422) from the llama layer's own projections: the last query's
+    q.k / sqrt(D) after rotary embedding, summed over heads, average-pooled with kernel 5."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model, _ = model_pair("llama")
+    ids = prompt(N, seed=21)
+    r, k = 3, 9
+    gem = make_method("gemfilter", model, None, options={"r": r, "k": k})
+    assert isinstance(gem, GemFilter) and str(gem.scoring) == "w1-raw-avg5-sum"
+    cfg = model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    dim = cfg.hidden_size // heads
+    with torch.inference_mode():
+        hidden = model(ids, output_hidden_states=True).hidden_states[r - 1]  # input of layer r (1-based)
+        layer = model.model.layers[r - 1]
+        x = layer.input_layernorm(hidden)
+        q = layer.self_attn.q_proj(x).view(1, N, heads, dim).transpose(1, 2)
+        key = layer.self_attn.k_proj(x).view(1, N, kv_heads, dim).transpose(1, 2)
+        cos, sin = model.model.rotary_emb(hidden, torch.arange(N)[None])
+        q, key = apply_rotary_pos_emb(q, key, cos, sin)
+        key = key.repeat_interleave(heads // kv_heads, dim=1)  # [1, H, N, D]
+        logits = (q[0, :, -1:] @ key[0].transpose(-1, -2))[:, 0] / dim**0.5  # [H, N], pre-softmax
+        summed = logits.sum(dim=0)
+        pooled = torch.nn.functional.avg_pool1d(summed[None, None], 5, stride=1, padding=2)[0, 0]
+    selection = gem.select(ids)
+    torch.testing.assert_close(selection.scores, pooled, atol=1e-4, rtol=1e-5)
+    assert selection.kept.tolist() == _kept_by(pooled, k)
+    # the last-token variant chooses differently here (so the test tells the rules apart)
+    old = make_method("gemfilter-lasttoken", model, None, options={"r": r, "k": k})
+    assert isinstance(old, GemFilter) and old.select(ids).kept.tolist() != selection.kept.tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tsp_selects_by_fastkv_window_attention(model_pair: ModelPair, arch: str) -> None:
+    """FastKV's rule (arXiv 2502.01068) from transformers' eager attention at the TSP layer: the last 8
+    queries' softmax rows summed, max-pooled with kernel 7 per head, summed over heads."""
+    model, eager = model_pair(arch)
+    ids = prompt(N, seed=22)
+    layer, budget = 1, 10
+    tsp = make_method("tsp", model, None, options={"layer": layer, "budget": budget})
+    assert isinstance(tsp, TokenSelectivePropagation) and str(tsp.scoring) == "w8-softmax-max7-sum"
+    with torch.inference_mode():
+        attn = eager(ids, output_attentions=True).attentions[layer][0].float()  # [H, N, N]
+    window = attn[:, -8:, :].sum(dim=1)  # [H, N]
+    pooled = torch.nn.functional.max_pool1d(window[:, None], 7, stride=1, padding=3)[:, 0]
+    scores = pooled.sum(dim=0)
+    prefill = LazyLLM(model, tsp.schedule(N), strict_model_name=False).prefill(ids, return_scores=True)
+    torch.testing.assert_close(prefill.scores[layer], scores, atol=1e-5, rtol=1e-4)
+    assert prefill.computed_positions[layer + 1].tolist() == _kept_by(scores, budget)
+
+
+def test_each_peer_names_its_rule_and_source() -> None:
+    assert set(PEERS) == {"gemfilter", "gemfilter-lasttoken", "tsp", "tsp-lasttoken"}
+    assert (
+        "arXiv 2409.17422" in PEERS["gemfilter"].describe()
+        and "w1-raw-avg5-sum" in PEERS["gemfilter"].describe()
+    )
+    assert "arXiv 2502.01068" in PEERS["tsp"].describe() and "w8-softmax-max7-sum" in PEERS["tsp"].describe()
+    for name in ("gemfilter-lasttoken", "tsp-lasttoken"):
+        assert str(PEERS[name].rule) == "w1-softmax-none-mean" and not PEERS[name].published
+    assert METHODS["tsp"].size_knob == "budget" and METHODS["gemfilter"].size_knob == "k"
+    assert METHODS["lazyllm"].size_knob is None
+    # FastKV's window costs 8 query rows at the TSP layer: a little slower than the last-token variant
+    dims = _dims()
+    fast, last = (PEERS[m].flop_speedup(dims, 1000, {"budget": 0.2}) for m in ("tsp", "tsp-lasttoken"))
+    assert last > fast > 0.99 * last

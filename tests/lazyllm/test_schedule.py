@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lazyllm.schedule import FORMAT_NAME, Revival, Schedule, num_pruned
+from lazyllm.scoring import ALIASES, Scoring
 
 
 def test_rounding_rule_values() -> None:
@@ -55,7 +56,7 @@ def test_json_round_trip_with_metadata(tmp_path) -> None:
     loaded = Schedule.load(path)
     assert loaded == s and loaded.metadata == s.metadata
     data = json.loads(path.read_text())
-    assert data["format"] == FORMAT_NAME and data["version"] == 2 and data["num_layers"] == 4
+    assert data["format"] == FORMAT_NAME and data["version"] == 3 and data["num_layers"] == 4
     assert data["revival"] == {"policy": "dynamic"}
 
 
@@ -85,7 +86,7 @@ def test_version_1_files_load_as_dynamic(tmp_path) -> None:
     v1 = '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 3, "percentiles": [0, 40, 0]}'
     s = Schedule.from_json(v1)
     assert s == Schedule("m", (0, 40, 0)) and s.revival == Revival("dynamic")
-    assert json.loads(s.to_json())["version"] == 2  # written back in the current version
+    assert json.loads(s.to_json())["version"] == 3  # written back in the current version
     with pytest.raises(ValueError, match="unknown field"):  # version 1 never had a revival field
         Schedule.from_json(v1[:-1] + ', "revival": {"policy": "frozen"}}')
 
@@ -147,7 +148,7 @@ def _doc(**fields: object) -> str:
         ("{", "not valid JSON"),
         ("[1, 2]", "must be an object"),
         ('{"format": "other"}', "format = 'other'"),
-        ('{"format": "lazyllm-schedule", "version": 3}', "version = 3"),
+        ('{"format": "lazyllm-schedule", "version": 4}', "version = 4"),
         (
             '{"format": "lazyllm-schedule", "version": 2, "model": "m", "num_layers": 1, "percentiles": [0]}',
             "missing field 'revival'",
@@ -263,3 +264,75 @@ def test_check_model() -> None:
     with pytest.raises(ValueError, match="not 'other'"):
         s.check_model("other", 30)
     s.check_model("other", 30, strict_name=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# scoring rules (version 3)
+def test_v3_round_trip_keeps_the_scoring_rule(tmp_path) -> None:
+    s = Schedule.from_layers("m", 4, {1: 40}).with_scoring("fastkv").with_revival("frozen")
+    assert s.scoring == Scoring(window=8, pool="max", kernel=7, heads="sum")
+    data = json.loads(s.to_json())
+    assert data["version"] == 3 and data["scoring"] == {
+        "window": 8,
+        "values": "softmax",
+        "pool": "max",
+        "kernel": 7,
+        "heads": "sum",
+        "layers": "layer",
+    }
+    assert Schedule.from_json(s.to_json()) == s
+    assert Schedule.load(s.save(tmp_path / "s.json")).scoring == s.scoring
+    assert s != s.with_scoring("last")  # the rule is part of the schedule's identity
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_v1_and_v2_files_load_with_the_last_token_rule(version: int) -> None:
+    revival = ', "revival": {"policy": "frozen"}' if version == 2 else ""
+    text = f'{{"format": "lazyllm-schedule", "version": {version}, "model": "m", "num_layers": 3, "percentiles": [0, 40, 0]{revival}}}'
+    s = Schedule.from_json(text)
+    assert s.scoring == Scoring() and str(s.scoring) == "w1-softmax-none-mean"
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['scoring'\]"):
+        Schedule.from_json(text[:-1] + ', "scoring": {"window": 8}}')  # v1/v2 have no scoring field
+
+
+@pytest.mark.parametrize(
+    ("scoring", "fragment"),
+    [
+        ({"window": 0}, "scoring window = 0: must be an integer in 1..64"),
+        ({"window": 2.5}, "scoring window = 2.5"),
+        ({"values": "probs"}, "scoring values = 'probs': unknown. Available: softmax, raw"),
+        ({"pool": "min", "kernel": 3}, "scoring pool = 'min': unknown. Available: none, avg, max"),
+        ({"pool": "max", "kernel": 4}, "scoring kernel = 4: a max pool needs an odd kernel >= 3"),
+        ({"kernel": 5}, "scoring kernel = 5: pool 'none' takes kernel 1"),
+        ({"heads": "median"}, "scoring heads = 'median': unknown. Available: mean, sum, max"),
+        ({"layers": "all"}, "scoring layers = 'all': unknown. Available: layer, stage"),
+        ({"widow": 8}, "scoring = {'widow': 8}: must be an object with keys from"),
+        ("fastkv", "scoring = 'fastkv': must be an object"),
+    ],
+)
+def test_bad_scoring_is_one_line_naming_the_field(scoring: object, fragment: str) -> None:
+    data = {
+        "format": "lazyllm-schedule",
+        "version": 3,
+        "model": "m",
+        "num_layers": 2,
+        "percentiles": [30, 0],
+        "revival": {"policy": "dynamic"},
+        "scoring": scoring,
+    }
+    with pytest.raises(ValueError) as err:
+        Schedule.from_json(json.dumps(data))
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_scoring_spellings_parse_and_print() -> None:
+    for alias, spelled in ALIASES.items():
+        assert str(Scoring.parse(alias)) == spelled
+        assert Scoring.parse(spelled) == Scoring.parse(alias)
+    rule = Scoring(window=4, values="raw", pool="avg", kernel=3, heads="max", layers="stage")
+    assert Scoring.parse(str(rule)) == rule
+    for bad in ("w0-softmax-none-mean", "softmax", "w8-softmax-max-sum", "w8-softmax-none-mean-all"):
+        with pytest.raises(ValueError, match="scoring"):
+            Scoring.parse(bad)
+    with pytest.raises(ValueError, match=r"scoring = 'nope'"):
+        Schedule("m", (0.0,), scoring="nope")

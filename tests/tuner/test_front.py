@@ -42,6 +42,9 @@ def test_a_schedule_counts_once_on_the_front() -> None:
                hand_record(5, 1.01, 0.0, keep_all), hand_record(6, 0.99, 0.0, keep_all)]  # fmt: skip
     assert [r.number for r in distinct(records)] == [0, 1]
     assert [r.number for r in non_dominated(records)] == [1, 0]
-    # the same percentiles with another revival policy is another schedule
-    other = hand_record(7, 1.0, 0.0, keep_all, revival="dynamic")
-    assert [r.number for r in distinct([*records, other])] == [0, 1, 7]
+    # keep-all is one schedule whatever its revival policy; a pruning schedule with another policy is another
+    assert [
+        r.number for r in distinct([*records, hand_record(7, 1.0, 0.0, keep_all, revival="dynamic")])
+    ] == [0, 1]
+    other = hand_record(8, 1.3, 0.5, (0.0, 30.0, 0.0, 0.0), revival="dynamic")
+    assert [r.number for r in distinct([*records, other])] == [0, 1, 8]

@@ -97,6 +97,10 @@ def test_match_speedup_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.Cap
     assert evaluate_cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "Matched speed" in out and "Matched loss" in out
+    # the report names each peer's published rule and the schedule's own
+    assert "- gemfilter: GemFilter (Shi et al. 2024, arXiv 2409.17422): scoring w1-raw-avg5-sum" in out
+    assert "- tsp: TSP of FastKV (Jo et al. 2025, arXiv 2502.01068): scoring w8-softmax-max7-sum" in out
+    assert "- tuned schedule: scoring w1-softmax-none-mean" in out
     folder = tmp_path / "out"
     assert (folder / "matched.png").stat().st_size > 0 and (folder / "matched.md").stat().st_size > 0
     rows = list(csv.DictReader((folder / "matched.csv").open()))

@@ -13,7 +13,7 @@ from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner.evaluation import ExampleResult
 from tuner.losses import ScoreLoss, optimistic_loss
-from tuner.records import RECORD_ATTR, TrialRecord
+from tuner.records import RECORD_ATTR, TrialRecord, schedule_key
 from tuner.search import main, parse_settings
 from tuner.settings import SearchSettings, resolve_settings
 from tuner.stages.trial import BaselineStats
@@ -35,9 +35,14 @@ def test_study_end_to_end_and_resume(
     assert "Pareto front" in out and "Held-out check" in out
     study_dir = tmp_path / "s"
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
-    trials = study.get_trials()
+    trials = [
+        t for t in study.get_trials() if t.state != optuna.trial.TrialState.WAITING
+    ]  # the peers' warm starts wait
     assert len(trials) == 2 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-    assert trials[0].params == {"n_stages": 0}  # warm start: keep-all first, then paper-style
+    assert trials[0].params == {
+        "n_stages": 0,
+        "scoring": "w1-softmax-none-mean",
+    }  # keep-all first, then paper-style
     assert trials[1].params["n_stages"] > 0
     records = [TrialRecord.from_trial(t) for t in trials]
     for t, r in zip(trials, records):
@@ -67,13 +72,15 @@ def test_study_end_to_end_and_resume(
     # the same command with a larger count adds trials; nothing finished is redone
     assert main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout")) == 0
     again = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}").get_trials()
+    again = [t for t in again if t.state != optuna.trial.TrialState.WAITING]
     assert len(again) == 3 and [t.params for t in again[:2]] == [t.params for t in trials]
     # the same count again: nothing to do
     assert main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout")) == 0
-    assert (
-        len(optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}").get_trials())
-        == 3
-    )
+    states = [
+        t.state
+        for t in optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}").get_trials()
+    ]
+    assert len([s for s in states if s != optuna.trial.TrialState.WAITING]) == 3
     # other settings under the same name are refused
     capsys.readouterr()
     assert main([*_argv(tiny_folder, tmp_path, "--n-trials", "3"), "--max-prompt-tokens", "64"]) == 2
@@ -152,7 +159,9 @@ def test_early_stop_rule_and_pruned_trials(
     trials = optuna.load_study(
         study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"
     ).get_trials()
-    assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
+    assert [t.state for t in trials if t.state != optuna.trial.TrialState.WAITING] == [
+        optuna.trial.TrialState.PRUNED
+    ] * 2
     record = TrialRecord.from_trial(trials[0])
     assert record is not None and record.stopped == "out of budget" and record.examples_run == 1
     assert record.loss is None and record.schedule.percentiles == (0.0,) * 4
@@ -160,23 +169,25 @@ def test_early_stop_rule_and_pruned_trials(
 
 def test_a_schedule_already_evaluated_takes_no_slot(tiny_folder: Path, tmp_path: Path) -> None:
     """A proposal that repeats an evaluated schedule is refused (not counted), and a fresh draw is
-    queued: the study still ends with n_trials distinct schedules."""
+    queued: the study still ends with n_trials distinct schedules. Keep-all is one schedule whatever
+    its scoring rule (nothing is pruned, so nothing is scored)."""
     assert (
         main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--tracking-uri", "none")) == 0
     )
     storage = f"sqlite:///{tmp_path / 's' / 'study.db'}"
     optuna.load_study(study_name="s", storage=storage).enqueue_trial({"n_stages": 0})  # keep-all again
+    # after the two peers' warm starts (trials 2 and 3), the repeated keep-all is trial 4
     assert (
-        main(_argv(tiny_folder, tmp_path, "--n-trials", "3", "--no-heldout", "--tracking-uri", "none")) == 0
+        main(_argv(tiny_folder, tmp_path, "--n-trials", "5", "--no-heldout", "--tracking-uri", "none")) == 0
     )
     trials = optuna.load_study(study_name="s", storage=storage).get_trials()
-    refused = trials[2]
+    refused = trials[4]
     assert refused.state == optuna.trial.TrialState.FAIL and refused.system_attrs["duplicate_of"] == 0
-    assert refused.params == {"n_stages": 0} and RECORD_ATTR not in refused.user_attrs
+    assert refused.params["n_stages"] == 0 and RECORD_ATTR not in refused.user_attrs
     done = [TrialRecord.from_trial(t) for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) == 3
-    keys = {json.dumps(r.schedule.to_dict()["percentiles"]) for r in done if r is not None}
-    assert len(keys) == 3  # three slots, three different schedules
+    assert len(done) == 5  # the refused proposal took no slot: a fresh draw ran instead
+    keys = {schedule_key(r.schedule) for r in done if r is not None}
+    assert len(keys) == 5  # five slots, five different schedules
 
 
 def test_total_speedup_objective_and_the_study_revival_policy(tiny_folder: Path, tmp_path: Path) -> None:

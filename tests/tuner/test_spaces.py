@@ -14,6 +14,7 @@ from optuna.samplers import RandomSampler
 from optuna.trial import FixedTrial
 
 from lazyllm.schedule import Schedule
+from lazyllm.scoring import Scoring
 from tuner.spaces import (
     SEARCH_SPACE_DIR,
     ParametricSpace,
@@ -192,11 +193,13 @@ def test_fixed_stage_points(data: st.DataObject, num_layers: int) -> None:
     for i in range(n):
         params[f"stage{i}_layer"] = data.draw(st.integers(low, high))
         params[f"stage{i}_pct"] = float(data.draw(st.integers(2, 18)) * 5)
+    params["scoring"] = data.draw(st.sampled_from(space.scoring))
     trial = FixedTrial(params)
     schedule = space.suggest(trial, "m", num_layers)
     _check_valid(schedule, num_layers)
     assert trial.params == params
     assert space.to_schedule(trial.params, "m", num_layers) == schedule
+    assert str(schedule.scoring) == params["scoring"]
     # the keep fraction at the end is the product of the stages' keeps (capped per layer)
     expected = math.prod(1 - params[f"stage{i}_pct"] / 100 for i in range(n))
     end_keep = schedule.keep_fractions()[-1]
@@ -217,7 +220,13 @@ def test_parametric_reaches_final_keep(
     num_layers: int, start_depth: float, final_keep: float, n_stages: int, shape: str
 ) -> None:
     space = SPACES["parametric"]
-    params = {"start_depth": start_depth, "final_keep": final_keep, "n_stages": n_stages, "shape": shape}
+    params = {
+        "start_depth": start_depth,
+        "final_keep": final_keep,
+        "n_stages": n_stages,
+        "shape": shape,
+        "scoring": "w8-softmax-max7-sum",
+    }
     schedule = space.suggest(FixedTrial(params), "m", num_layers)
     _check_valid(schedule, num_layers)
     assert space.to_schedule(params, "m", num_layers) == schedule
@@ -260,7 +269,9 @@ def test_stages_same_layer_composes() -> None:
 
 
 def test_stages_zero_is_keep_all() -> None:
-    schedule = SPACES["stages"].suggest(FixedTrial({"n_stages": 0}), "m", 30)
+    schedule = SPACES["stages"].suggest(
+        FixedTrial({"n_stages": 0, "scoring": "w1-softmax-none-mean"}), "m", 30
+    )
     assert schedule == Schedule.keep_all("m", 30)
     assert not schedule.prunes
 
@@ -320,7 +331,7 @@ def test_parametric_front_prunes_more_early_than_back(num_layers: int, n_stages:
 def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     space = SPACES[name]
     points = space.warm_start(num_layers)
-    assert len(points) == 2
+    assert len(points) == 4  # keep-all, paper-style, and the two published peers
     study = optuna.create_study(sampler=RandomSampler(seed=0))
     for point in points:
         study.enqueue_trial(point)
@@ -331,10 +342,14 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
         assert space.to_schedule(point, "m", num_layers) == schedule
         _check_valid(schedule, num_layers)
         schedules.append(schedule)
-    keep_all, paper = schedules
+    keep_all, paper, gemfilter, tsp = schedules
     assert keep_all == Schedule.keep_all("m", num_layers)
-    assert paper.prunes
+    assert paper.prunes and paper.scoring == Scoring()
     assert paper.keep_fractions()[-1] < 0.5
+    # the peers' published configurations, each with its own rule, pruning once
+    assert str(gemfilter.scoring) == "w1-raw-avg5-sum" and str(tsp.scoring) == "w8-softmax-max7-sum"
+    for peer in (gemfilter, tsp):
+        assert peer.prunes
 
 
 @pytest.mark.parametrize("num_layers", [18, 30])
@@ -362,5 +377,57 @@ def test_parametric_keep_all_only_where_the_space_holds_it(tmp_path: Path) -> No
     )
     space = load_space(path)
     points = space.warm_start(30)
-    assert points == [{"start_depth": 0.6, "final_keep": 0.2, "n_stages": 2, "shape": "front"}]
+    assert points[0] == {"start_depth": 0.6, "final_keep": 0.2, "n_stages": 2, "shape": "front"}
+    assert len(points) == 3 and all("scoring" not in p for p in points)  # one rule: no parameter
     assert space.to_schedule(points[0], "m", 30).keep_fractions()[-1] == pytest.approx(0.2)
+
+
+# --------------------------------------------------------------------------------------------------
+# the scoring rule
+def test_packaged_spaces_search_the_scoring_rules_their_yaml_declares() -> None:
+    rules = ("w1-softmax-none-mean", "w8-softmax-max7-sum", "w1-raw-avg5-sum", "w1-softmax-none-mean-stage")
+    for name in NAMES:
+        space = SPACES[name]
+        assert space.scoring == rules
+        study = optuna.create_study(sampler=RandomSampler(seed=1))
+        seen = set()
+        for _ in range(40):
+            trial = study.ask()
+            schedule = space.suggest(trial, "m", 12)
+            assert str(schedule.scoring) == trial.params["scoring"]  # the schedule carries the rule
+            seen.add(trial.params["scoring"])
+        assert seen == set(rules)
+        assert study.trials[0].distributions["scoring"].choices == rules
+
+
+def test_old_params_without_scoring_mean_todays_rule() -> None:
+    space = SPACES["stages"]
+    old = {"n_stages": 1, "stage0_layer": 3, "stage0_pct": 20.0}  # a trial of an older study
+    schedule = space.to_schedule(old, "m", 6)
+    assert schedule.scoring == Scoring() and "scoring" not in schedule.metadata["params"]
+    fast = space.to_schedule({**old, "scoring": "fastkv"}, "m", 6)  # an alias is the same rule
+    assert str(fast.scoring) == "w8-softmax-max7-sum" and fast.metadata["params"]["scoring"] == str(
+        fast.scoring
+    )
+    with pytest.raises(ValueError, match=r"params\['scoring'\] = 'w4-raw-none-max': must be one of"):
+        space.to_schedule({**old, "scoring": "w4-raw-none-max"}, "m", 6)  # a rule the space does not offer
+    with pytest.raises(ValueError, match=r"params\['scoring'\] = 'nope'"):
+        space.to_schedule({**old, "scoring": "nope"}, "m", 6)
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("last", "scoring = 'last': must be a non-empty list"),
+        ([], "scoring = []: must be a non-empty list"),
+        (["last", "w9-softmax-max4-sum"], "scoring kernel = 4: a max pool needs an odd kernel >= 3"),
+        (["last", "w1-softmax-none-mean"], "repeats 'w1-softmax-none-mean'"),
+        (["w1-cosine-none-mean"], "scoring values = 'cosine': unknown. Available: softmax, raw"),
+    ],
+)
+def test_bad_scoring_choices_name_the_field(tmp_path: Path, value: Any, fragment: str) -> None:
+    path = _write(tmp_path, f"kind: stages\nscoring: {json.dumps(value)}\n")
+    with pytest.raises(ValueError) as err:
+        load_space(path)
+    message = str(err.value)
+    assert "\n" not in message and fragment in message and str(path) in message
