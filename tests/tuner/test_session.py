@@ -68,3 +68,51 @@ def test_a_truncated_output_never_blocks_a_rerun(tiny_folder: Path, tmp_path: Pa
     ]
     assert json.loads((study_dir / "pareto.json").read_text())
     assert Schedule.load(study_dir / "recommended.json").metadata["status"] == "provisional"
+
+
+def test_a_non_default_scoring_rule_travels_from_the_trial_to_the_file(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    """Issue 20: a study that searches the FastKV rule exports it, and the exported file reproduces the
+    trial's validation KL when loaded into LazyLLM (the whole schedule travels in the trial record)."""
+    space = tmp_path / "fastkv.yaml"
+    space.write_text(
+        "kind: stages\nmax_stages: 2\npct_low: 30\npct_high: 60\npct_step: 10\nscoring: [fastkv, w1-raw-avg5-sum]\n"
+    )
+    argv = _argv(
+        tiny_folder,
+        tmp_path,
+        "--n-trials",
+        "4",
+        "--confirm-k",
+        "0",
+        "--no-heldout",
+        "--search-space",
+        str(space),
+    )
+    assert main(argv) == 0
+    study_dir = tmp_path / "s"
+    rec = Schedule.load(study_dir / "recommended.json")
+    assert rec.prunes and str(rec.scoring) in ("w8-softmax-max7-sum", "w1-raw-avg5-sum")
+    from lazyllm.engine import LazyLLM
+    from tuner.search import parse_settings
+    from tuner.session import open_session
+    from tuner.stages.front import study_records
+
+    session = open_session(parse_settings(argv), progress=False)
+    try:
+        record = next(r for r in study_records(session.study) if r.number == rec.metadata["trial"])
+        assert record.schedule.scoring == rec.scoring and record.loss is not None
+        again = session.runner.search_loss.measure(
+            session.runner, LazyLLM(session.model, rec, strict_model_name=False), "again"
+        )
+        assert again.estimate is not None and again.estimate.value == pytest.approx(
+            record.loss.value, rel=1e-6, abs=1e-9
+        )
+        # the default rule on the same percentiles drifts differently: the rule is what was measured
+        plain = LazyLLM(session.model, rec.with_scoring("last"), strict_model_name=False)
+        other = session.runner.search_loss.measure(session.runner, plain, "plain")
+        assert other.estimate is not None
+        assert other.estimate.value != pytest.approx(record.loss.value, rel=1e-9, abs=1e-12)
+    finally:
+        session.close()
