@@ -11,7 +11,7 @@ has more trials than its last confirmation saw): the fastest feasible trial, mar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -48,7 +48,6 @@ class StudyOutcome:
     confirmation: Confirmation | None = None
     heldout: HeldoutReport | None = None
     decision: str = ""
-    notes: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_study(

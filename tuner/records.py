@@ -11,6 +11,7 @@ nothing writes the old forms.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -206,7 +207,7 @@ class TrialRecord:
             return (
                 record
                 if duplicate is None
-                else _replace(record, number=trial.number, duplicate_of=int(duplicate))
+                else dataclasses.replace(record, number=trial.number, duplicate_of=int(duplicate))
             )
         return cls._from_loose_attrs(trial, schedule, None if duplicate is None else int(duplicate))
 
@@ -243,9 +244,3 @@ class TrialRecord:
             n=max(1, int(attrs.get("examples_run", 1))),
         )
         return cls(**common, loss=loss, speedup=float(trial.values[0]))
-
-
-def _replace(record: TrialRecord, **changes: Any) -> TrialRecord:
-    import dataclasses
-
-    return dataclasses.replace(record, **changes)
