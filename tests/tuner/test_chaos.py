@@ -2,7 +2,7 @@
 command to the end, then the invariants (issue 21).
 
 Every run is the same real ``python -m tuner.search`` command (tiny 4-layer checkpoint, one example
-per dataset, 4 trials (the four warm starts), confirmation and the held-out check on, default SQLite stores). Each of the
+per dataset, 4 trials (the first four warm starts), confirmation and the held-out check on, default SQLite stores). Each of the
 interrupted runs gets a signal after a seeded random delay, anywhere from interpreter start to the
 end of the run: a seeded choice of a moment of the run (interpreter start, MLflow store creation,
 baseline, fidelity reference, a trial, the export, confirmation, the held-out check, the MLflow

@@ -331,7 +331,10 @@ def test_parametric_front_prunes_more_early_than_back(num_layers: int, n_stages:
 def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     space = SPACES[name]
     points = space.warm_start(num_layers)
-    assert len(points) == 4  # keep-all, paper-style, and the two published peers
+    # keep-all, paper-style, the families (one stage at mid depth; a gradual three-stage schedule where
+    # the space has several stages), then the two published peers
+    families = 2 if isinstance(space, StagesSpace) and space.max_stages >= 3 else 1
+    assert len(points) == 4 + families
     study = optuna.create_study(sampler=RandomSampler(seed=0))
     for point in points:
         study.enqueue_trial(point)
@@ -342,10 +345,17 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
         assert space.to_schedule(point, "m", num_layers) == schedule
         _check_valid(schedule, num_layers)
         schedules.append(schedule)
-    keep_all, paper, gemfilter, tsp = schedules
+    keep_all, paper, mid, *gradual, gemfilter, tsp = schedules
     assert keep_all == Schedule.keep_all("m", num_layers)
     assert paper.prunes and paper.scoring == Scoring()
     assert paper.keep_fractions()[-1] < 0.5
+    # one stage at mid depth (clipped to the space's layers) keeping half
+    assert mid.scoring == Scoring() and sum(p > 0 for p in mid.percentiles) == 1
+    assert mid.keep_fractions()[-1] == pytest.approx(0.5, abs=0.03)
+    for g in gradual:  # three stages of 40% after each quarter of depth: 0.6 ** 3 kept
+        assert g.scoring == Scoring() and g.keep_fractions()[-1] == pytest.approx(0.216, abs=1e-6)
+        if num_layers >= 8:
+            assert sum(p > 0 for p in g.percentiles) == 3
     # the peers' published configurations, each with its own rule, pruning once
     assert str(gemfilter.scoring) == "w1-raw-avg5-sum" and str(tsp.scoring) == "w8-softmax-max7-sum"
     for peer in (gemfilter, tsp):
@@ -378,7 +388,9 @@ def test_parametric_keep_all_only_where_the_space_holds_it(tmp_path: Path) -> No
     space = load_space(path)
     points = space.warm_start(30)
     assert points[0] == {"start_depth": 0.6, "final_keep": 0.2, "n_stages": 2, "shape": "front"}
-    assert len(points) == 3 and all("scoring" not in p for p in points)  # one rule: no parameter
+    # paper-style, the mid-depth family, two peers (clipped to this space, so some coincide: a study
+    # refuses the repeats); one rule: no parameter
+    assert len(points) == 4 and all("scoring" not in p for p in points)
     assert space.to_schedule(points[0], "m", 30).keep_fractions()[-1] == pytest.approx(0.2)
 
 
