@@ -15,11 +15,13 @@ validation Pareto front (FLOP speedup up, mean KL down), and scores the pick on 
 
 Rules:
 
-* ``direct`` (main before the pooled calibration): a KL cap of 0.05 nats, then the 3 fastest front
+* ``direct`` (before the pooled calibration): a KL cap of 0.05 nats, then the 3 fastest front
   schedules raced on their own task-score bound (one-sided 90%) against the budget;
-* ``pooled`` (tuner.stages.confirm.confirm_pooled): the exploration cap (0.15 nats per point), 3 front
-  schedules spread over the feasible front task-scored, the pooled calibration, the fastest front
-  schedule whose predicted bound is within budget and within the largest scored KL.
+* ``pooled`` (tuner.stages.confirm.confirm_pooled): the exploration cap (``KL_PER_POINT`` nats per
+  point of budget, on the KL's one-sided 90% bound), 3 front schedules spread over the feasible front
+  task-scored, the pooled calibration, the fastest front schedule whose predicted task-loss bound (at
+  the decision level) is within budget and within the largest scored KL; shown with the previous
+  cap and level (0.15, 0.9) and with the defaults.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +39,11 @@ import numpy as np
 
 from tuner.calibration import ScoredSchedule, fit
 from tuner.losses import KL_PER_POINT
+from tuner.settings import SearchSettings
 from tuner.stats import estimate, macro_weights
 
 Row = dict[str, Any]
+DECISION_LEVEL = SearchSettings.__dataclass_fields__["decision_level"].default
 Rule = Callable[[list[Row], list[str], dict[str, float], float, int], Row | None]
 
 
@@ -82,9 +87,16 @@ def direct(
 
 
 def pooled(
-    rows: list[Row], keys: list[str], weights: dict[str, float], budget: float, seed: int
+    rows: list[Row],
+    keys: list[str],
+    weights: dict[str, float],
+    budget: float,
+    seed: int,
+    *,
+    kl_per_point: float = KL_PER_POINT,
+    level: float = DECISION_LEVEL,
 ) -> Row | None:
-    front = _front(rows, keys, weights, cap=KL_PER_POINT * budget)
+    front = _front(rows, keys, weights, cap=kl_per_point * budget)
     drifting = [r for r in front if _mean(r, keys, weights, "kl")[0] > 0]
     k = 3
     picks = (
@@ -100,7 +112,7 @@ def pooled(
                        {d: r["by_key"][k]["score"] for d, k in zip(draw, keys)})
         for i, r in enumerate(picks)
     ]  # fmt: skip
-    cal = fit(scored, w, level=0.9, n_boot=300, seed=seed)
+    cal = fit(scored, w, level=level, n_boot=300, seed=seed)
     for r in front:
         kl = _mean(r, keys, weights, "kl")[0]
         if kl == 0:
@@ -110,7 +122,13 @@ def pooled(
     return None
 
 
-RULES: dict[str, Rule] = {"direct (main before)": direct, "pooled (new)": pooled}
+RULES: dict[str, Rule] = {
+    "direct (before the calibration)": direct,
+    "pooled, cap 0.15 nats/point, level 0.9 (before this change)": partial(
+        pooled, kl_per_point=0.15, level=0.9
+    ),
+    f"pooled, cap {KL_PER_POINT:g} nats/point, level {DECISION_LEVEL:g} (default)": pooled,
+}
 
 
 def replay(rows: list[Row], budget: float, resamples: int) -> list[dict[str, Any]]:

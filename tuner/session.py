@@ -155,6 +155,7 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
             storage.engine.dispose()
         raise
     runner = TrialRunner(settings, model, tokenizer, evaluator, space, baseline)
+    runner.prepare()  # the fidelity reference now, so the first trial's time (and estimate) is its own
     return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri, storage)
 
 
@@ -239,7 +240,7 @@ def conclude(session: Session) -> StudyOutcome:
         task = None
         if confirmation is not None and confirmation.recommended is not None:
             task = confirmation.recommended.loss
-        outcome = dataclasses.replace(outcome, heldout=heldout_check(runner, best, task))
+        outcome = dataclasses.replace(outcome, heldout=heldout_check(runner, best, task, records))
     return outcome
 
 

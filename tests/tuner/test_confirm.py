@@ -173,6 +173,8 @@ def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Pa
                 "--no-heldout",
                 "--max-kl",
                 "0.05",
+                "--speedup",
+                "measured",
             )
         )
         == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.fidelity import ExampleDrift
-from tuner.losses import LOSSES, FidelityLoss, ScoreLoss, make_loss
+from tuner.losses import LOSSES, MIN_EXAMPLES_TO_DOMINATE, FidelityLoss, Rival, ScoreLoss, make_loss
 
 
 def test_each_loss_names_its_unit_in_labels_and_numbers() -> None:
@@ -28,3 +28,24 @@ def test_fidelity_stops_once_the_budget_cannot_be_met() -> None:
     reason = loss.early_stop(weights, 3, drift)  # 0.3 / 4 = 0.075 > 0.05 whatever b gives
     assert reason is not None and "0.0750 nats after 2 examples" in reason and "budget 0.05 nats" in reason
     assert loss.early_stop(weights, 2, drift) is None  # every example ran: complete, not stopped
+
+
+def test_fidelity_stops_a_schedule_a_faster_rival_confidently_beats() -> None:
+    """A schedule is stopped as dominated once the lower end of its KL interval clears the KL of a
+    rival at least as fast, after enough examples; never on too few, never against a worse rival."""
+    total = 13
+    weights = {f"d/{i}": 1.0 for i in range(total)}
+    loss = FidelityLoss(0.6)
+    drifts = [ExampleDrift("d", str(i), 0.3 + 0.01 * i, 1.0, None, 3) for i in range(total)]
+    good, bad = Rival(4, 1.5, 0.05), Rival(7, 1.6, 0.35)
+    few = drifts[: MIN_EXAMPLES_TO_DOMINATE - 1]
+    assert loss.dominated(weights, total, [good], 0.9, few) is None  # too few examples to judge
+    some = drifts[:MIN_EXAMPLES_TO_DOMINATE]
+    reason = loss.dominated(weights, total, [bad, good], 0.9, some)
+    assert reason is not None and reason.startswith("dominated by trial 4 (1.50x, mean KL 0.0500 nats)")
+    assert f"after {MIN_EXAMPLES_TO_DOMINATE} examples" in reason
+    assert loss.dominated(weights, total, [bad], 0.9, some) is None  # KL 0.30-0.34 vs 0.35: not beaten
+    assert loss.dominated(weights, total, [], 0.9, some) is None  # no rival at least as fast
+    assert loss.dominated(weights, total, [good], 0.9, drifts) is None  # complete: not stopped
+    with pytest.raises(ValueError, match="must be finite"):
+        Rival(1, float("nan"), 0.1)

@@ -37,7 +37,9 @@ def test_export_and_tracking_read_files_through_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="file not found"):
         existing_tracking_uri(missing)
     check_reachable(f"sqlite:///{tmp_path / 'sub' / 'mlflow.db'}?timeout=5")
-    assert not (tmp_path / "sub").exists()  # a check writes nothing: the store's folder is made with the store
+    assert not (
+        tmp_path / "sub"
+    ).exists()  # a check writes nothing: the store's folder is made with the store
 
 
 def test_no_other_module_slices_sqlite_urls() -> None:

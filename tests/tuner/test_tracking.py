@@ -92,7 +92,7 @@ def test_study_logged_to_server(tiny_folder: Path, tmp_path: Path, mlflow_server
     assert m["n_trials"] == 2 and m["finished_trials"] == 2 and m["complete_trials"] == 2
     assert m["pruned_trials"] == 0 and m["failed_trials"] == 0
     assert "n_trials" not in parent.data.params and "speedup" not in parent.data.params
-    assert parent.data.params["speedup_kind"] == "measured"
+    assert parent.data.params["speedup_kind"] == "flops"
     assert parent.data.params["storage"] == f"sqlite:///{(tmp_path / 'tracked' / 'study.db').resolve()}"
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     study = optuna.load_study(study_name="tracked", storage=f"sqlite:///{tmp_path / 'tracked' / 'study.db'}")
@@ -112,7 +112,7 @@ def test_study_logged_to_server(tiny_folder: Path, tmp_path: Path, mlflow_server
         assert (
             child.data.params["search_space"] == "stages" and child.data.params["max_prompt_tokens"] == "128"
         )
-        assert child.data.params["speedup_kind"] == "measured"
+        assert child.data.params["speedup_kind"] == "flops"
         assert child.info.status == "FINISHED"
         schedule = Schedule.from_mlflow(child.info.run_id, tracking_uri=mlflow_server)
         assert schedule.num_layers == 4 and schedule.metadata["trial"] == int(child.data.tags["optuna.trial"])

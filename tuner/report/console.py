@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from tuner.outcome import StudyOutcome
 
+_TIMED = {"measured": "TTFT", "total": "generation", "flops": "FLOP"}
+
 
 def summary_lines(outcome: StudyOutcome) -> list[str]:
     loss = outcome.search_loss
@@ -37,7 +39,8 @@ def summary_lines(outcome: StudyOutcome) -> list[str]:
             )
             out.append(
                 f"  {row.label}: validation {row.validation_speedup:.2f}x / {loss.what} {val}{task} "
-                f"(n={row.n_validation}); test {row.test_speedup:.2f}x / task loss {row.test_loss.text()} "
+                f"(n={row.n_validation}); test {row.test_speedup:.2f}x {_TIMED[row.test_speed_kind]} "
+                f"(FLOP {row.test_flop_speedup:.2f}x) / task loss {row.test_loss.text()} "
                 f"score points (score {row.test_score:.2f} vs {row.test_baseline_score:.2f})"
             )
         out += [f"  {line}" for line in outcome.heldout.verdicts]

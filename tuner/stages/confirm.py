@@ -218,8 +218,8 @@ def confirm_pooled(
     records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int
 ) -> Confirmation:
     """Task-score ``k`` front schedules spread over the feasible front, fit the pooled calibration of
-    task loss on KL, and recommend the fastest front schedule whose predicted task-loss bound is
-    within the budget (no farther than the largest scored KL)."""
+    task loss on KL, and recommend the fastest front schedule whose predicted task-loss bound (at
+    ``decision_level``) is within the budget (no farther than the largest scored KL)."""
     budget = ScoreLoss(runner.settings.max_accuracy_loss)
     level = runner.settings.confidence
     front = feasible_front(records, runner.search_loss)
@@ -236,7 +236,8 @@ def confirm_pooled(
         }
         scored.append(ScoredSchedule(r.number, r.per_example, task))
         direct[r.number] = loss_estimate(results, runner.baseline.results, level=level)
-    calibration = fit(scored, runner.weights, level=level)
+    # the slope's bound at the decision level decides; every reported interval stays at ``level``
+    calibration = fit(scored, runner.weights, level=runner.settings.decision_level)
     out: list[CandidateResult] = []
     picked: TrialRecord | None = None
     for r in front:  # fastest first

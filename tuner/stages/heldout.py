@@ -19,6 +19,7 @@ when the interval of the difference contains 0 the report says that the two cann
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,8 @@ from lazyllm.flops import flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator, ExampleResult, loss_estimate, macro_score
 from tuner.losses import ScoreLoss
-from tuner.records import TrialRecord
+from tuner.records import TrialRecord, schedule_key
+from tuner.speed import SpeedMeasurement
 from tuner.stages.trial import TrialRunner
 from tuner.stats import Estimate, macro_weights, paired_estimate
 
@@ -86,14 +88,20 @@ class Candidate:
         }
 
 
-def pick(runner: TrialRunner, grid: dict[str, Schedule]) -> tuple[Candidate, list[Candidate]]:
+def pick(
+    runner: TrialRunner, grid: dict[str, Schedule], known: Mapping[str, Estimate] | None = None
+) -> tuple[Candidate, list[Candidate]]:
     """The fastest (FLOP model) schedule of ``grid`` whose validation loss bound is within the search's
-    budget, else the one with the lowest loss; with every candidate evaluated."""
+    budget, else the one with the lowest loss; with every candidate evaluated. ``known``: search losses
+    the study already measured, by :func:`~tuner.records.schedule_key` (not measured again)."""
+    known = known or {}
     seen: list[Candidate] = []
     # fastest first: the first one within budget is the pick, so slower ones need no evaluation
     order = sorted(grid, key=lambda n: -flop_speedup(grid[n], runner.dims, runner.prompt_tokens))
     for name in order:
-        est = runner.search_loss.measure(runner, runner.engine(grid[name]), name).estimate
+        est = known.get(schedule_key(grid[name]))
+        if est is None:
+            est = runner.search_loss.measure(runner, runner.engine(grid[name]), name).estimate
         seen.append(
             Candidate(name, grid[name], flop_speedup(grid[name], runner.dims, runner.prompt_tokens), est)
         )
@@ -111,7 +119,9 @@ class HeldoutRow:
         validation_speedup: the search's speedup (recommended) or the FLOP model's (hand-made).
         validation_loss: the search loss on validation, in the search loss's unit.
         validation_task_loss: the task-score loss from the confirmation stage (recommended only).
-        test_speedup, test_flop_speedup: on the test split's typical prompt.
+        test_speedup, test_flop_speedup: on the test split's typical prompt; ``test_speedup`` is timed
+            (``test_speed_kind``: TTFT, ``measured``, or whole generation, ``total``) even when the
+            search used the FLOP model.
         test_loss: task-score loss on test (score points) with its paired bootstrap interval.
     """
 
@@ -127,6 +137,7 @@ class HeldoutRow:
     test_baseline_score: float
     n_validation: int
     n_test: int
+    test_speed_kind: str = "measured"
 
     def to_dict(self, budget: float, unit: str) -> dict[str, Any]:
         return {
@@ -139,6 +150,7 @@ class HeldoutRow:
             else self.validation_task_loss.to_dict(),
             "test_speedup": round(self.test_speedup, 3),
             "test_flop_speedup": round(self.test_flop_speedup, 3),
+            "test_speedup_kind": self.test_speed_kind,
             "test_loss": round(self.test_loss.value, 2),
             "test_loss_unit": ScoreLoss.unit,
             "test_loss_interval": [round(self.test_loss.low, 2), round(self.test_loss.high, 2)],
@@ -199,14 +211,19 @@ def verdict(label: str, other: str, rec: list[ExampleResult], hand: list[Example
 
 
 def heldout_check(
-    runner: TrialRunner, recommended: TrialRecord | None, task_loss: Estimate | None = None
+    runner: TrialRunner,
+    recommended: TrialRecord | None,
+    task_loss: Estimate | None = None,
+    records: Sequence[TrialRecord] = (),
 ) -> HeldoutReport:
-    """Best hand-made schedules (picked on validation) vs the recommendation, on test; see the module docstring."""
+    """Best hand-made schedules (picked on validation) vs the recommendation, on test; see the module
+    docstring. ``records``: the study's trials, whose complete losses the validation picks reuse."""
     settings = runner.settings
+    known = {schedule_key(r.schedule): r.loss for r in records if r.loss is not None}
     best: dict[str, Candidate] = {}
     seen: dict[str, list[Candidate]] = {}
     for family, grid in families(settings.model, runner.num_layers, settings.revival).items():
-        best[family], seen[family] = pick(runner, grid)
+        best[family], seen[family] = pick(runner, grid, known)
 
     test = Evaluator(
         runner.model, runner.tokenizer, settings.with_split("test"), settings.study_dir / "cache",
@@ -222,14 +239,21 @@ def heldout_check(
     for family, c in best.items():
         value = None if c.loss is None else c.loss.value
         candidates.append((f"best {family} ({c.name})", c.schedule, c.flop_speedup, value, None))
+    # speed claims are measured: a FLOP-model search still gets its TTFT timed here, side by side
+    timed = "measured" if settings.speedup == "flops" else settings.speedup
     rows: list[HeldoutRow] = []
     results: dict[str, list[ExampleResult]] = {}
+    # a hand-made pick may be the recommended schedule itself: evaluated (and timed) once
+    evaluated: dict[str, tuple[list[ExampleResult], SpeedMeasurement | None]] = {}
     for label, sched, val_speed, val_loss, val_task in candidates:
-        engine = test_runner.engine(sched)
-        res, _ = test.evaluate("lazyllm", engine, desc=f"{label} (test)")
+        key = schedule_key(sched)
+        if key not in evaluated:
+            engine = test_runner.engine(sched)
+            res, _ = test.evaluate("lazyllm", engine, desc=f"{label} (test)")
+            evaluated[key] = (res, test_runner.measure_speed(engine, sched, timed))
+        res, speed = evaluated[key]
         results[label] = res
         flops = flop_speedup(sched, test_runner.dims, test_runner.prompt_tokens)
-        speed = test_runner.measure_speed(engine, sched)
         rows.append(
             HeldoutRow(
                 label=label,
@@ -244,6 +268,7 @@ def heldout_check(
                 test_baseline_score=macro_score(base_test),
                 n_validation=n_val,
                 n_test=len(test.examples),
+                test_speed_kind=timed,
             )
         )
     verdicts: tuple[str, ...] = ()

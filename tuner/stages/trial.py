@@ -7,7 +7,10 @@
   objective names is timed. The loss is the study's :class:`~tuner.losses.Loss`.
 * Constraint: the one-sided upper bound (level ``confidence``, bootstrap over examples) of the loss
   minus the loss's budget, so "feasible" means confidently within budget. A trial stops early
-  (PRUNED, the reason in its record) once its loss cannot meet the budget.
+  (PRUNED, the reason in its record) once its loss cannot meet the budget, or, in a FLOP-model
+  search (where a schedule's speed is known before it runs), once a finished feasible trial at least
+  as fast confidently beats its loss (:meth:`tuner.losses.FidelityLoss.dominated`): it would be
+  dominated on the front, so its remaining examples are not spent.
 * A proposal that repeats a schedule the study already evaluated (or is evaluating) takes no slot:
   the trial is refused (FAILED with system attr ``duplicate_of``, not counted towards ``n_trials``)
   and a fresh random draw from the space is queued, so the next trial explores.
@@ -29,7 +32,7 @@ from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator, ExampleResult
 from tuner.fidelity import FidelityEvaluator
-from tuner.losses import Loss, LossResult, loss_of
+from tuner.losses import Loss, LossResult, Rival, loss_of
 from tuner.records import TrialRecord, schedule_key
 from tuner.settings import SearchSettings
 from tuner.spaces import SearchSpace
@@ -68,7 +71,7 @@ class TrialRunner:
     """Runs the trials of one study (one per process; nothing shared between trials but the caches).
 
     Cheap to build: the baseline is computed (or read from its cache) beforehand and passed in; the
-    fidelity reference is computed (or read) on first use.
+    fidelity reference is computed (or read) by :meth:`prepare` or on first use.
     """
 
     settings: SearchSettings
@@ -95,6 +98,11 @@ class TrialRunner:
         )
         self.baseline_engine = self.engine(Schedule.keep_all(self.settings.model, self.num_layers))
 
+    def prepare(self) -> None:
+        """Compute (or read) what every trial shares: the unpruned side of a fidelity search."""
+        if self.search_loss.kind == "fidelity":
+            self.fidelity.references()
+
     @property
     def search_loss(self) -> Loss:
         assert self.loss is not None  # set in __post_init__
@@ -116,7 +124,8 @@ class TrialRunner:
         schedule = self.propose(trial)
         self.refuse_duplicate(trial, schedule)
         engine = self.engine(schedule)
-        measured = self.search_loss.measure(self, engine, f"trial {trial.number}")
+        rivals = self.rivals(trial.study, schedule)
+        measured = self.search_loss.measure(self, engine, f"trial {trial.number}", rivals)
         if measured.estimate is None:
             self.record(trial, schedule, measured, None, start).store(trial)
             raise optuna.TrialPruned(measured.stopped)
@@ -136,6 +145,22 @@ class TrialRunner:
         return self.space.suggest(trial, self.settings.model, self.num_layers).with_revival(
             self.settings.revival
         )
+
+    def rivals(self, study: optuna.Study, schedule: Schedule) -> list[Rival]:
+        """The finished feasible trials at least as fast as ``schedule``: a schedule one of them
+        confidently beats on loss is stopped early as dominated. Only a FLOP-model search knows a
+        schedule's speed before evaluating it, so only it has rivals."""
+        if self.settings.speedup != "flops":
+            return []
+        speed = flop_speedup(schedule, self.dims, self.prompt_tokens)
+        out = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            record = TrialRecord.from_trial(t, self.settings.model)
+            if record is None or record.loss is None or not self.search_loss.within(record.loss):
+                continue
+            if record.values[0] >= speed:
+                out.append(Rival(t.number, record.values[0], record.values[1]))
+        return out
 
     def evaluated(self, study: optuna.Study, before: int) -> dict[str, int]:
         """Schedule key -> trial number, for every trial numbered below ``before`` that evaluated (or
@@ -169,10 +194,12 @@ class TrialRunner:
         trial.study.enqueue_trial(fresh.params)
         raise DuplicateSchedule(f"trial {trial.number}: the schedule of trial {earlier}; queued a fresh draw")
 
-    def measure_speed(self, engine: LazyLLM, schedule: Schedule) -> SpeedMeasurement | None:
-        """The robust speedup the objective names (None for the FLOP model): TTFT or whole generation
-        on the timing example (see :mod:`tuner.speed`)."""
-        kind = self.settings.speedup
+    def measure_speed(
+        self, engine: LazyLLM, schedule: Schedule, kind: str | None = None
+    ) -> SpeedMeasurement | None:
+        """The robust speedup ``kind`` names (default: the objective's; None for the FLOP model): TTFT
+        (``measured``) or whole generation (``total``) on the timing example (see :mod:`tuner.speed`)."""
+        kind = self.settings.speedup if kind is None else kind
         if kind == "flops":
             return None
         import torch
