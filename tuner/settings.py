@@ -8,7 +8,7 @@ declared, defaulted, documented and validated in exactly one place.
 
 The search defaults are budgeted to finish ``python -m tuner.search --task qa`` on a 2-core CPU in
 20 minutes, everything included (SmolLM2, every QA validation example scored by teacher-forced
-fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, up to 60 trials bounded by a 480 s
+fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, up to 60 trials bounded by a 420 s
 timeout, then the confirmation stage and the held-out check). On a GPU raise ``max_prompt_tokens``,
 ``n_trials`` and ``confirm_k`` (see README).
 """
@@ -156,7 +156,7 @@ class SearchSettings(EvalSettings):
     )
     n_trials: int = field(default=60, metadata=_help("finished trials the study should hold"))
     timeout: float | None = field(
-        default=480.0,
+        default=420.0,
         metadata=_help(
             "seconds for this run's trials; baseline, confirmation and held-out check come on top"
         ),

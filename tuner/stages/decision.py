@@ -1,7 +1,10 @@
-"""What bound the answer, in one paragraph: the budget, the data, or the time.
+"""What bound the answer, in one paragraph: the budget, the search's cap, the data, or the time.
 
 * **budget**: a faster schedule of the front exists and its predicted (or measured) task loss is over
   the budget; the paragraph names it and what it would have needed.
+* **cap**: the next faster schedule of the front is outside the search's own cap (its loss bound over
+  ``--max-kl``), so it was never a candidate; the paragraph gives its bound, the cap and, where the
+  calibration has one, its predicted task loss.
 * **data**: its point estimate is within budget but the evidence cannot certify it; the paragraph says
   how many validation examples would (:meth:`tuner.calibration.Calibration.examples_to_certify`).
 * **time**: the recommendation is the fastest schedule the study completed; the paragraph says how
@@ -85,6 +88,13 @@ def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
     est, up = calibration.predicted(nxt.values[1])
     need = calibration.examples_to_certify(nxt.values[1], budget)
     prediction = f"predicted to lose {est:.2f} score points (upper bound {up:.2f}, {calibration.level:.0%})"
+    cap = outcome.search_loss
+    if nxt.loss is not None and not cap.within(nxt.loss):
+        return (
+            f"What decided: the search's cap. {head.capitalize()}; the next faster schedule, {where}, has a "
+            f"loss bound of {cap.text(nxt.loss.upper)}, over the search's cap of {cap.text(cap.budget)} "
+            f"(--max-kl), so it was not a candidate ({prediction}). {done}"
+        )
     if nxt.values[1] > calibration.max_scored_kl:
         return (
             f"What decided: the data. {head.capitalize()}; the next faster schedule, {where}, drifts past the "

@@ -1,0 +1,59 @@
+"""tuner.stages.decision: the closing paragraph names what bound the answer, with its numbers."""
+
+from __future__ import annotations
+
+from tests.support import hand_record
+from tuner.calibration import Calibration
+from tuner.losses import FidelityLoss
+from tuner.outcome import StudyOutcome
+from tuner.stages.confirm import CandidateResult, Confirmation
+from tuner.stages.decision import TrialTiming, explain
+from tuner.stats import Estimate
+
+IDENTITY = {"model": "tiny", "task": "qa", "search_space": "stages", "speedup": "flops", "n_examples": None}
+TIMING = TrialTiming(finished=18, n_trials=60, median_s=30.0, timeout_s=420.0)
+
+
+def _outcome(next_upper: float, slope: float, slope_upper: float, max_scored: float) -> StudyOutcome:
+    """Trial 1 (1.4x, KL 0.1) recommended; trial 2 (1.8x, KL 0.3, bound ``next_upper``) the next step up."""
+    records = (
+        hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
+        hand_record(1, 1.4, 0.1, (0.0, 30.0, 0.0, 0.0)),
+        hand_record(2, 1.8, 0.3, (0.0, 60.0, 0.0, 0.0), upper=next_upper),
+    )
+    cal = Calibration(slope, slope_upper, 0.6, 13, (1,), max_scored, ((1, 0.1, slope * 0.1),))
+    est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
+    rec = CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.4, 0.1, "confirmed", est, "why")
+    conf = Confirmation(2.0, 0.9, (rec,), 13, 3, "pooled", cal)
+    return StudyOutcome("s", IDENTITY, FidelityLoss(0.6), 2.0, records, conf)
+
+
+def test_the_budget_decides_when_the_next_schedule_is_predicted_over_it() -> None:
+    text = explain(_outcome(0.4, slope=8.0, slope_upper=10.0, max_scored=0.5), TIMING)
+    assert text.startswith("What decided: the budget. The recommendation is trial 1 (1.40x)")
+    assert "trial 2 (1.80x, 0.3000 nats)" in text and "predicted to lose 2.40 score points" in text
+
+
+def test_the_data_decides_with_a_power_statement() -> None:
+    # estimate 4 * 0.3 = 1.2 within 2 points, bound 10 * 0.3 = 3 not: (1.8 / 0.8)^2 * 13 = 66 examples
+    text = explain(_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5), TIMING)
+    assert text.startswith("What decided: the data.")
+    assert "about 66 validation examples (now 13) would certify it" in text
+    beyond = explain(_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.2), TIMING)
+    assert "drifts past the largest KL scored on the task (0.2000 nats)" in beyond
+
+
+def test_the_cap_decides_when_the_next_schedule_was_never_a_candidate() -> None:
+    text = explain(_outcome(0.71, slope=4.0, slope_upper=10.0, max_scored=0.2), TIMING)
+    assert text.startswith("What decided: the search's cap.")
+    assert "loss bound of 0.7100 nats, over the search's cap of 0.6000 nats (--max-kl)" in text
+
+
+def test_the_time_line_says_what_fits_and_what_would() -> None:
+    assert TIMING.sentence() == (
+        "At 30 s per trial (median of 18), --timeout 420 fits about 14 trials; --n-trials 60 needs about "
+        "--timeout 1800."
+    )
+    text = explain(_outcome(0.4, slope=8.0, slope_upper=10.0, max_scored=0.5), TIMING)
+    assert text.endswith("18 of 60 trials finished. " + TIMING.sentence())
+    assert TrialTiming(0, 60, None, 420.0).sentence() == "No trial finished yet."
