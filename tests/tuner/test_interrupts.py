@@ -37,7 +37,7 @@ Moment = Callable[[str, Path], bool]
 def _argv(model: Path, out: Path) -> list[str]:
     return [
         "--model", str(model), "--data-dir", longbench_dir(), "--output", str(out), "--study-name", STUDY,
-        "--n-trials", "4", "--n-examples", "1", "--max-prompt-tokens", "128", "--max-new-tokens", "2",
+        "--n-trials", "6", "--n-examples", "1", "--max-prompt-tokens", "128", "--max-new-tokens", "2",
         "--speedup", "flops", "--no-heldout", "--sampler", "random",
     ]  # fmt: skip
 
@@ -151,14 +151,14 @@ def test_interrupt_at_every_moment_then_resume(tiny_folder: Path, tmp_path: Path
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     failed = [t for t in trials if t.state == TrialState.FAIL]
     failed = [t for t in failed if not never_ran(t)]  # refused duplicates never ran
-    assert len(finished) == 4 and [t.user_attrs.get("interrupted") for t in failed] == [True]
+    assert len(finished) == 6 and [t.user_attrs.get("interrupted") for t in failed] == [True]
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     # no schedule evaluated twice (a repeated proposal is refused before it runs)
     assert_evaluated_once(finished)
-    # the first four warm starts (keep-all, paper-style, one stage at mid depth, gradual three-stage)
-    # evaluated, the interrupted one included
+    # every warm start (keep-all, paper-style, one stage at mid depth, gradual three-stage, the two
+    # peers) evaluated, the interrupted one included
     done = [t.params for t in finished]
-    for params in load_space("stages").warm_start(4)[:4]:
+    for params in load_space("stages").warm_start(4):
         assert params in done
     assert failed[0].params in done
     # the export is whole again
