@@ -174,7 +174,9 @@ def test_killed_worker_trial_is_retried(tiny_folder: Path, tmp_path: Path, pg_ur
     assert len(finished) == 6  # the six warm starts, the killed one's retry among them
     assert trials[killed[0]].state == TrialState.FAIL  # its heartbeat went stale
     retried = [t for t in finished if t.system_attrs.get("failed_trial") == killed[0]]
-    assert len(retried) == 1 and retried[0].params == trials[killed[0]].params
+    # a trial killed before it asked for its (queued) parameters holds them only as fixed params
+    victim_params = trials[killed[0]].params or trials[killed[0]].system_attrs.get("fixed_params")
+    assert len(retried) == 1 and retried[0].params == victim_params
 
 
 def test_ctrl_c_then_rerun_resumes(tiny_folder: Path, tmp_path: Path, pg_url: str) -> None:
