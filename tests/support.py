@@ -96,6 +96,14 @@ def longbench_dir() -> str:
     return os.environ.get("LONGBENCH_DIR") or os.path.join(here, "..", "..", "shared", "data", "longbench")
 
 
+def n_warm_starts(num_layers: int = 4) -> int:
+    """How many warm starts the packaged ``stages`` space queues for a ``num_layers``-layer model (the
+    tiny test checkpoint has 4): a study of that many trials runs them all and leaves none waiting."""
+    from tuner.spaces import load_space
+
+    return len(load_space("stages").warm_start(num_layers))
+
+
 def assert_evaluated_once(trials: list[Any]) -> None:
     """No schedule was evaluated twice when it could have been known: a finished trial whose schedule
     an earlier one already had must have started before that trial finished (workers racing on the

@@ -2,7 +2,7 @@
 command to the end, then the invariants (issue 21).
 
 Every run is the same real ``python -m tuner.search`` command (tiny 4-layer checkpoint, one example
-per dataset, 6 trials (the six warm starts), confirmation and the held-out check on, default SQLite stores). Each of the
+per dataset, one trial per warm start (8), confirmation and the held-out check on, default SQLite stores). Each of the
 interrupted runs gets a signal after a seeded random delay, anywhere from interpreter start to the
 end of the run: a seeded choice of a moment of the run (interpreter start, MLflow store creation,
 baseline, fidelity reference, a trial, the export, confirmation, the held-out check, the MLflow
@@ -33,7 +33,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tests.support import assert_evaluated_once, longbench_dir
+from tests.support import assert_evaluated_once, longbench_dir, n_warm_starts
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = "chaos"
@@ -52,7 +52,7 @@ MOMENTS = ("", "Creating initial MLflow", "baseline:", "fidelity reference", "tr
 def _argv(model: Path, out: Path) -> list[str]:
     return [
         "-m", "tuner.search", "--model", str(model), "--task", "hotpotqa", "--n-examples", "1",
-        "--max-prompt-tokens", "256", "--max-new-tokens", "4", "--n-trials", "6", "--speedup", "flops",
+        "--max-prompt-tokens", "256", "--max-new-tokens", "4", "--n-trials", str(n_warm_starts()), "--speedup", "flops",
         "--data-dir", longbench_dir(), "--output", str(out), "--study-name", STUDY, "--sampler", "random",
         "--heartbeat-interval", "1", "--heartbeat-grace", "2",
     ]  # fmt: skip
@@ -130,7 +130,7 @@ def test_seeded_signals_at_random_moments_then_rerun(tiny_folder: Path, tmp_path
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_dir / 'study.db'}")
     trials = study.get_trials()
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(finished) == 6, [(t.number, t.state.name) for t in trials]
+    assert len(finished) == n_warm_starts(), [(t.number, t.state.name) for t in trials]
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert_evaluated_once(finished)
 

@@ -21,7 +21,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import FrozenTrial, TrialState
 
-from tests.support import assert_evaluated_once, longbench_dir
+from tests.support import assert_evaluated_once, longbench_dir, n_warm_starts
 from tuner.search import main
 from tuner.tracking import EXPERIMENT
 
@@ -154,7 +154,14 @@ def test_three_workers_two_trials_each(tiny_folder: Path, tmp_path: Path, pg_url
 
 def test_killed_worker_trial_is_retried(tiny_folder: Path, tmp_path: Path, pg_url: str) -> None:
     argv = _argv(
-        tiny_folder, tmp_path, pg_url, 6, "--preset", _fast_heartbeat(tmp_path), "--tracking-uri", "none"
+        tiny_folder,
+        tmp_path,
+        pg_url,
+        n_warm_starts(),
+        "--preset",
+        _fast_heartbeat(tmp_path),
+        "--tracking-uri",
+        "none",
     )
     victim = _spawn(argv, tmp_path / "victim.log")
     try:
@@ -171,7 +178,7 @@ def test_killed_worker_trial_is_retried(tiny_folder: Path, tmp_path: Path, pg_ur
         assert p.wait(timeout=300) == 0, (tmp_path / f"survivor{i}.log").read_text()[-3000:]
     trials = _trials(pg_url)
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(finished) == 6  # the six warm starts, the killed one's retry among them
+    assert len(finished) == n_warm_starts()  # every warm start, the killed one's retry among them
     assert trials[killed[0]].state == TrialState.FAIL  # its heartbeat went stale
     retried = [t for t in finished if t.system_attrs.get("failed_trial") == killed[0]]
     # a trial killed before it asked for its (queued) parameters holds them only as fixed params

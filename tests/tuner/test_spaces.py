@@ -16,6 +16,7 @@ from optuna.trial import FixedTrial
 from lazyllm.schedule import Schedule
 from lazyllm.scoring import Scoring
 from tuner.spaces import (
+    GENTLE_PEER_KEEP,
     SEARCH_SPACE_DIR,
     ParametricSpace,
     PerLayerSpace,
@@ -332,9 +333,11 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     space = SPACES[name]
     points = space.warm_start(num_layers)
     # keep-all, paper-style, the families (one stage at mid depth; a gradual three-stage schedule where
-    # the space has several stages), then the two published peers
+    # the space has several stages), then the two published peers at a gentler share, then as published
+    # (per_layer caps a layer at 60%, so a peer's published 80% is its gentler 60%: queued once)
     families = 2 if isinstance(space, StagesSpace) and space.max_stages >= 3 else 1
-    assert len(points) == 4 + families
+    clipped = name == "per_layer"
+    assert len(points) == 2 + families + (2 if clipped else 4)
     study = optuna.create_study(sampler=RandomSampler(seed=0))
     for point in points:
         study.enqueue_trial(point)
@@ -345,7 +348,9 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
         assert space.to_schedule(point, "m", num_layers) == schedule
         _check_valid(schedule, num_layers)
         schedules.append(schedule)
-    keep_all, paper, mid, *gradual, gemfilter, tsp = schedules
+    if clipped:
+        schedules += schedules[-2:]  # the published points are the gentler ones
+    keep_all, paper, mid, *gradual, gentle_gemfilter, gentle_tsp, gemfilter, tsp = schedules
     assert keep_all == Schedule.keep_all("m", num_layers)
     assert paper.prunes and paper.scoring == Scoring()
     assert paper.keep_fractions()[-1] < 0.5
@@ -356,10 +361,15 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
         assert g.scoring == Scoring() and g.keep_fractions()[-1] == pytest.approx(0.216, abs=1e-6)
         if num_layers >= 8:
             assert sum(p > 0 for p in g.percentiles) == 3
-    # the peers' published configurations, each with its own rule, pruning once
+    # the peers' published configurations, each with its own rule, pruning once after its own layer;
+    # first keeping GENTLE_PEER_KEEP (0.4) of the tokens, then the published share (0.2)
     assert str(gemfilter.scoring) == "w1-raw-avg5-sum" and str(tsp.scoring) == "w8-softmax-max7-sum"
-    for peer in (gemfilter, tsp):
-        assert peer.prunes
+    for gentle, peer in ((gentle_gemfilter, gemfilter), (gentle_tsp, tsp)):
+        assert peer.prunes and sum(p > 0 for p in peer.percentiles) == 1
+        assert gentle.scoring == peer.scoring
+        assert [p > 0 for p in gentle.percentiles] == [p > 0 for p in peer.percentiles]
+        assert gentle.keep_fractions()[-1] == pytest.approx(GENTLE_PEER_KEEP, abs=0.03)
+        assert peer.keep_fractions()[-1] == pytest.approx(GENTLE_PEER_KEEP if clipped else 0.2, abs=0.03)
 
 
 @pytest.mark.parametrize("num_layers", [18, 30])
