@@ -1,10 +1,13 @@
 """Which accuracy signal should the search optimise? Reliability, validity and CPU cost per signal.
 
     python benchmarks/objective_noise.py [--max-prompt-tokens 1024] [--schedules all] [--max-minutes 11]
-        [--revival frozen] [--no-gold]
+        [--revival frozen] [--no-gold] [--grid stages|rules] [--test-score-only]
 
-For a set of schedules spanning the ``stages`` space (keep-all to aggressive) and every English QA
-record (validation and test), measures per schedule and example:
+For a set of schedules (``--grid stages``: 20 spanning the ``stages`` space with today's rule, keep-all
+to aggressive; ``--grid rules``: 14 with today's rule and FastKV's on the shapes a 1024-token study
+puts on its front) and every English QA record (validation and test), measures per schedule and
+example (``--test-score-only``: on test only the task score, what ``benchmarks/decision_rule.py``
+replays against):
 
 * ``score``: the LongBench task-score loss (baseline score - pruned score, points), free-running;
 * ``kl``: teacher-forced mean KL(unpruned || pruned) per answer token (:mod:`tuner.fidelity`);
@@ -89,6 +92,43 @@ def schedules(model: str, layers: int) -> dict[str, Schedule]:
     }
 
 
+def rule_schedules(model: str, layers: int) -> dict[str, Schedule]:
+    """Schedules across the scoring rules (``--grid rules``): today's rule and FastKV's on the shapes a
+    1024-token study puts on its front (one stage at mid depth, gradual, multi-stage), plus keep-all
+    and paper-style; layers as fractions of depth (30 layers: as named)."""
+
+    def at(frac: float) -> int:
+        return min(layers - 2, round(frac * layers))
+
+    def fastkv(prune_at: dict[int, float]) -> Schedule:
+        return Schedule.from_layers(model, layers, prune_at).with_scoring("fastkv")
+
+    tsp = at(14 / 30)  # TSP's layer on SmolLM2 (lazyllm.peers.tsp: round(15 / 32 * L))
+    return {
+        "keep-all": Schedule.keep_all(model, layers),
+        "paper-style": Schedule.paper_style(model, layers),
+        "50% after L15": Schedule.from_layers(model, layers, {at(1 / 2): 50}),
+        "25% after L15": Schedule.from_layers(model, layers, {at(1 / 2): 25}),
+        "40% after L8, 40% L15, 40% L22": Schedule.from_layers(
+            model, layers, {at(0.27): 40, at(1 / 2): 40, at(0.73): 40}
+        ),
+        "30% after L10, 30% after L20": Schedule.from_layers(model, layers, {at(1 / 3): 30, at(2 / 3): 30}),
+        "fastkv 40% after L14": fastkv({tsp: 40}),
+        "fastkv 60% after L14": fastkv({tsp: 60}),
+        "fastkv 70% after L14": fastkv({tsp: 70}),
+        "fastkv 80% after L14": fastkv({tsp: 80}),
+        "fastkv 70% after L15": fastkv({at(1 / 2): 70}),
+        "fastkv 30% after L8, 30% L15, 30% L22": fastkv({at(0.27): 30, at(1 / 2): 30, at(0.73): 30}),
+        "fastkv 10% L5, 15% L8, 30% L10, 35% L15": fastkv(
+            {at(1 / 6): 10, at(0.27): 15, at(1 / 3): 30, at(1 / 2): 35}
+        ),
+        "fastkv 50% after L22": fastkv({at(0.73): 50}),
+    }
+
+
+GRIDS = {"stages": schedules, "rules": rule_schedules}
+
+
 def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
     layers = int(model.config.num_hidden_layers)
-    grid = schedules(args.model, layers)
+    grid = GRIDS[args.grid](args.model, layers)
     wanted = list(grid) if args.schedules == "all" else [s.strip() for s in args.schedules.split(";")]
     start = time.monotonic()
     evs = {}
@@ -111,7 +151,10 @@ def run(args: argparse.Namespace) -> None:
         ev = Evaluator(model, tokenizer, cfg, out / "cache", progress=False)
         fid = FidelityEvaluator(ev, top_k=64, gold=True)
         t0 = time.process_time()
-        fid.references()  # baseline generation + reference (once, cached)
+        if split == "validation" or not args.test_score_only:
+            fid.references()  # baseline generation + reference (once, cached)
+        else:
+            ev.baseline()
         print(
             f"{split}: {len(ev.examples)} examples, baseline+reference {time.process_time() - t0:.0f} CPU s"
         )
@@ -128,11 +171,20 @@ def run(args: argparse.Namespace) -> None:
         examples: list[dict[str, Any]] = []
         for split, (ev, fid) in evs.items():
             base = ev.baseline()
-            refs = fid.references()
+            score_only = split == "test" and args.test_score_only
+            refs = {} if score_only else fid.references()
             for ex in ev.examples:
                 c0 = time.process_time()
                 pred = _run(engine, ex).text or ""
                 c1 = time.process_time()
+                if score_only:  # what benchmarks/decision_rule.py reads of the test split
+                    examples.append(
+                        {"split": split, "dataset": ex.dataset, "key": ex.key,
+                         "score": 100.0 * (float(base[ex.key]["score"]) - _score(ex, pred)),
+                         "kl": None, "1-top1": None, "gold": None, "cpu_score": c1 - c0,
+                         "cpu_fidelity": None, "cpu_gold": None, "prompt_tokens": len(ex.input_ids)}
+                    )  # fmt: skip
+                    continue
                 ref = refs[ex.key]
                 no_gold = dataclasses.replace(ref, gold_ids=ref.gold_ids[:0], gold_logp=ref.gold_logp[:0])
                 kl_drift = fid.example_drift(engine, ex, no_gold)
@@ -159,6 +211,7 @@ def run(args: argparse.Namespace) -> None:
         row = {
             "schedule": name,
             "percentiles": list(sched.percentiles),
+            "scoring": str(sched.scoring),
             "flop_speedup": flop_speedup(sched, dims, n_prompt),
             "max_prompt_tokens": args.max_prompt_tokens,
             "revival": str(sched.revival),
@@ -166,7 +219,11 @@ def run(args: argparse.Namespace) -> None:
         }
         with rows_path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        means = {s: statistics.fmean(e[s] for e in examples) for s in SIGNALS if examples[0][s] is not None}
+        means = {
+            s: statistics.fmean(e[s] for e in examples if e[s] is not None)
+            for s in SIGNALS
+            if examples[0][s] is not None
+        }
         print(
             f"{name:34s} flops {row['flop_speedup']:.2f}x "
             + " ".join(f"{s} {v:.4f}" for s, v in means.items())
@@ -258,6 +315,12 @@ def main() -> int:
     )
     p.add_argument(
         "--gold", action=argparse.BooleanOptionalAction, default=True, help="also the gold-likelihood pass"
+    )
+    p.add_argument("--grid", default="stages", choices=sorted(GRIDS), help="which set of schedules")
+    p.add_argument(
+        "--test-score-only",
+        action="store_true",
+        help="on test, only the task score (what benchmarks/decision_rule.py replays against)",
     )
     p.add_argument("--out", default="outputs/objective_noise")
     p.add_argument("--report", action="store_true", help="only print the tables from the saved rows")

@@ -49,6 +49,17 @@ def test_the_cap_decides_when_the_next_schedule_was_never_a_candidate() -> None:
     assert "loss bound of 0.7100 nats, over the search's cap of 0.6000 nats (--max-kl)" in text
 
 
+def test_a_calibration_without_cost_never_predicts_a_gain() -> None:
+    # seed 1 of the default study: the scored schedules lost nothing on validation (slope -41)
+    text = explain(_outcome(0.71, slope=-41.1, slope_upper=-21.6, max_scored=0.05), TIMING)
+    assert text.startswith("What decided: the search's cap.")
+    assert "predicted to lose" not in text
+    assert "measured no task-score cost of KL on these examples (slope -41.1 points per nat)" in text
+    assert "certifies nothing past the largest scored KL (0.0500 nats)" in text
+    beyond = explain(_outcome(0.4, slope=-41.1, slope_upper=-21.6, max_scored=0.05), TIMING)
+    assert beyond.startswith("What decided: the data.") and "predicted to lose" not in beyond
+
+
 def test_the_time_line_says_what_fits_and_what_would() -> None:
     assert TIMING.sentence() == (
         "At 30 s per trial (median of 18), --timeout 420 fits about 14 trials; --n-trials 60 needs about "
