@@ -93,6 +93,14 @@ class Calibration:
         """``(estimate, upper bound)`` of the task loss (points) of a schedule with mean KL ``kl``."""
         return self.slope * kl, self.slope_upper * kl
 
+    def no_cost_text(self) -> str:
+        """What a calibration with no measured cost (``slope <= 0``) certifies, in words: its negative
+        predicted losses are no evidence of a gain, only of nothing lost up to the largest scored KL."""
+        return (
+            f"the calibration measured no task-score cost of KL on these examples (slope {self.slope:.1f} "
+            f"points per nat), so it certifies nothing past the largest scored KL ({self.max_scored_kl:.4f} nats)"
+        )
+
     def examples_to_certify(self, kl: float, budget: float) -> int | None:
         """How many examples would certify a schedule at ``kl`` (None: its estimate is over budget)."""
         estimate, upper = self.predicted(kl)

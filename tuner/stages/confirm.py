@@ -250,15 +250,11 @@ def confirm_pooled(
             est, up = calibration.predicted(kl)
             ok = up <= budget.budget and kl <= calibration.max_scored_kl
             why = (
-                f"predicted task loss {est:.2f} (upper bound {up:.2f}) score points at KL {kl:.4f} nats "
+                f"KL {kl:.4f} nats; {calibration.no_cost_text()}"  # a negative loss is no gain
+                if calibration.slope <= 0
+                else f"predicted task loss {est:.2f} (upper bound {up:.2f}) score points at KL {kl:.4f} nats "
                 f"{'<=' if ok else '>'} budget {budget.budget:g}"
             )
-            if calibration.slope <= 0:  # a negative predicted loss is no evidence of a gain
-                why = (
-                    f"KL {kl:.4f} nats; the calibration measured no task-score cost of KL on these examples "
-                    f"(slope {calibration.slope:.1f} points per nat), so only KL up to the largest scored "
-                    f"{calibration.max_scored_kl:.4f} nats is certified"
-                )
             if up <= budget.budget and not kl <= calibration.max_scored_kl:
                 why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
         status = "confirmed" if ok and picked is None else ("scored" if r.number in direct else None)

@@ -87,13 +87,11 @@ def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
         )
     est, up = calibration.predicted(nxt.values[1])
     need = calibration.examples_to_certify(nxt.values[1], budget)
-    prediction = f"predicted to lose {est:.2f} score points (upper bound {up:.2f}, {calibration.level:.0%})"
-    if calibration.slope <= 0:  # no measured cost: a negative "loss" would be read as a gain
-        prediction = (
-            f"the calibration measured no task-score cost of KL on these examples (slope "
-            f"{calibration.slope:.1f} points per nat), so it certifies nothing past the largest scored KL "
-            f"({calibration.max_scored_kl:.4f} nats)"
-        )
+    prediction = (
+        calibration.no_cost_text()  # a negative "loss" would be read as a gain
+        if calibration.slope <= 0
+        else f"predicted to lose {est:.2f} score points (upper bound {up:.2f}, {calibration.level:.0%})"
+    )
     cap = outcome.search_loss
     if nxt.loss is not None and not cap.within(nxt.loss):
         return (
