@@ -133,12 +133,13 @@ def _wait_for(url: str, pred: Callable[[dict[TrialState, int]], bool], timeout: 
     raise AssertionError("timed out waiting for the study")
 
 
-def test_three_workers_two_trials_each(tiny_folder: Path, tmp_path: Path, pg_url: str) -> None:
-    assert main(_argv(tiny_folder, tmp_path, pg_url, 6, "--n-workers", "3")) == 0
+def test_three_workers_share_the_warm_starts(tiny_folder: Path, tmp_path: Path, pg_url: str) -> None:
+    n = n_warm_starts()  # every queued warm start runs: no trial is left waiting
+    assert main(_argv(tiny_folder, tmp_path, pg_url, n, "--n-workers", "3")) == 0
     assert _other_connections(pg_url) == 0  # the search and its workers gave their connections back
     trials = _trials(pg_url)
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(finished) == 6 and all(t.state == TrialState.COMPLETE for t in finished)
+    assert len(finished) == n and all(t.state == TrialState.COMPLETE for t in finished)
     assert_evaluated_once(finished)
     others = [t for t in trials if t not in finished]
     assert all(t.state == TrialState.FAIL and t.user_attrs.get("surplus") for t in others)
@@ -148,7 +149,7 @@ def test_three_workers_two_trials_each(tiny_folder: Path, tmp_path: Path, pg_url
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("lazyllm.role") == "study"]
     children = [r for r in runs if r.data.tags.get("lazyllm.role") == "trial"]
-    assert len(parents) == 1 and len(children) == 6
+    assert len(parents) == 1 and len(children) == n
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
 
 
