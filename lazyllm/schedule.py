@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lazyllm.atomic import write_atomic
 from lazyllm.scoring import Scoring
 
 FORMAT_NAME = "lazyllm-schedule"
@@ -418,12 +419,7 @@ class Schedule:
 
     def save(self, path: str | Path) -> Path:
         """Write the schedule as JSON (atomically: a crash never leaves a half-written file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json() + "\n")
-        tmp.replace(path)
-        return path
+        return write_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def from_dict(cls, data: Any) -> Schedule:

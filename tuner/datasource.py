@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lazyllm.atomic import write_atomic
 from tuner.longbench import (
     MAXLEN_FILE,
     PROMPT_FILE,
@@ -92,11 +93,7 @@ def _fetch_config(name: str) -> Path | None:
             data = response.read()
     except (urllib.error.URLError, OSError, ValueError):
         return None
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return path
+    return write_atomic(path, data)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 import lazyllm
+from lazyllm.atomic import write_atomic
 from lazyllm.engine import GenerationResult
 from lazyllm.methods import Generator, make_method
 from tuner.datasource import resolve_source
@@ -217,10 +218,7 @@ class BaselineCache:
         return cls(path=path, entries=entries)
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"entries": self.entries}, indent=1))
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps({"entries": self.entries}, indent=1))
 
 
 def _score(example: Example, prediction: str) -> float:
@@ -486,6 +484,4 @@ def write_results(
         (out_dir / f"{name}.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in results)),
         (out_dir / f"{name}.summary.json", json.dumps(summary, indent=2) + "\n"),
     ):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)

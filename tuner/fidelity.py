@@ -24,7 +24,6 @@ the next input taken from the given answer instead of the argmax.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from lazyllm.atomic import replace_with
 from lazyllm.engine import LazyLLM
 from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
@@ -172,9 +172,7 @@ class ReferenceCache:
         tensors: dict[str, torch.Tensor] = {}
         for key, ref in self.entries.items():
             tensors.update(ref.tensors(key))
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # workers may save at once
-        save_file(tensors, str(tmp), metadata={"format": _FORMAT})
-        tmp.replace(self.path)
+        replace_with(self.path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": _FORMAT}))
 
 
 def _read(path: Path) -> dict[str, Reference]:

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lazyllm.atomic import write_atomic
 from lazyllm.flops import ModelDims
 from lazyllm.methods import make_method, peer_names
 from lazyllm.methods import method as method_spec
@@ -161,9 +162,7 @@ def cached_run(runner: Runner, cache_dir: Path, keys: Sequence[tuple[str, str]],
             (path, "".join(json.dumps(asdict(r)) + "\n" for r in done.results)),
             (speed_path, json.dumps(done.speed.to_dict(), indent=1)),
         ):
-            tmp = target.with_name(target.name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(target)
+            write_atomic(target, text)
         key.write_text(fingerprint)
         return done
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,40 @@ def test_recommendation_is_confirmed_provisional_or_absent(tmp_path: Path) -> No
 def test_a_loss_refuses_a_bad_budget(budget: float) -> None:
     with pytest.raises(ValueError, match="budget"):
         FidelityLoss(budget)
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from tests.tuner.test_report import _outcome
+from tuner.report.files import write_outcome
+outcome = _outcome()
+for _ in range(int(sys.argv[2])):
+    write_outcome(outcome, Path(sys.argv[1]))
+"""
+
+
+def test_workers_writing_one_folder_at_once_never_collide(tmp_path: Path) -> None:
+    """Defect (CI): two workers finishing together both built ``.pareto.tmp`` and one died of
+    "File exists"; a fixed ``.pareto.png`` temporary was also renamed away under the other."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(tmp_path), "6"],
+            cwd=root,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+    assert sorted(p.name for p in (tmp_path / "pareto").iterdir()) == [
+        "trial-0.json",
+        "trial-1.json",
+        "trial-2.json",
+    ]
+    assert [r["trial"] for r in json.loads((tmp_path / "pareto.json").read_text())] == [2, 1, 0]

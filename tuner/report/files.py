@@ -13,8 +13,10 @@ Layout under the study folder::
     keep_curves.png/.html   percent of prompt tokens computed per layer: the recommendation (bold),
                             the rest of the front, and the best hand-made schedules once known
 
-Every file is written under a temporary name and moved into place, so an interrupted run never
-leaves a truncated file; an export replaces the files of an earlier one.
+Every file is written under a temporary name of its own and moved into place, so an interrupted
+run never leaves a truncated file; an export replaces the files of an earlier one. Workers sharing a
+storage may finish at the same moment and write the same folder: each write holds an exclusive lock
+on the folder (where the system offers ``flock``), so the files always come from one outcome.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ import io
 import json
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lazyllm.atomic import replace_with, write_atomic
 from tuner.outcome import StudyOutcome
 from tuner.report.plots import (
     calibration_figure,
@@ -44,13 +50,23 @@ COLUMNS = ("trial", "speedup", "speedup_kind", "accuracy_loss", "accuracy_loss_u
 
 
 def _write(path: Path, text: str | bytes) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    if isinstance(text, bytes):
-        tmp.write_bytes(text)
-    else:
-        tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, text)
+
+
+@contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the folder itself (no lock file is left behind)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock here: each file is still atomic, the set may mix two outcomes
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _json(path: Path, data: Any) -> Path:
@@ -105,23 +121,29 @@ def _html(title: str, png: Path, rows: list[dict[str, Any]], note: str) -> str:
 
 def _pareto_folder(outcome: StudyOutcome, out_dir: Path) -> None:
     """``pareto/`` replaced as a whole: built beside, then swapped in."""
-    fresh = out_dir / ".pareto.tmp"
-    shutil.rmtree(fresh, ignore_errors=True)
-    fresh.mkdir()
-    for r in outcome.front:
-        outcome.schedule_of(r).save(fresh / f"trial-{r.number}.json")
-    old = out_dir / "pareto"
-    if old.exists():
-        stale = out_dir / ".pareto.old"
-        shutil.rmtree(stale, ignore_errors=True)
-        old.rename(stale)
-        shutil.rmtree(stale, ignore_errors=True)
-    fresh.rename(old)
+    fresh = Path(tempfile.mkdtemp(dir=out_dir, prefix=".pareto.", suffix=".tmp"))
+    try:
+        for r in outcome.front:
+            outcome.schedule_of(r).save(fresh / f"trial-{r.number}.json")
+        old = out_dir / "pareto"
+        if old.exists():
+            stale = Path(tempfile.mkdtemp(dir=out_dir, prefix=".pareto.", suffix=".old"))
+            old.rename(stale / "pareto")
+            shutil.rmtree(stale, ignore_errors=True)
+        fresh.rename(old)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
 
 
 def write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
     """Write the layout above; returns the paths written (what MLflow attaches to the parent run)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(out_dir):
+        return _write_outcome(outcome, out_dir)
+
+
+def _write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
     rows = front_rows(outcome)
     _pareto_folder(outcome, out_dir)
     written = [out_dir / "pareto", _json(out_dir / "pareto.json", rows)]
@@ -159,10 +181,7 @@ def write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
                 lambda p: save_figure(calibration, p),
             )
         for name, (title, draw) in figures.items():
-            png = out_dir / f"{name}.png"
-            tmp = out_dir / f".{name}.png"  # drawn beside, then moved into place
-            draw(tmp)
+            png = replace_with(out_dir / f"{name}.png", draw, suffix=".png")  # drawn beside, then moved
             written.append(png)
-            os.replace(tmp, png)
             written.append(_write(out_dir / f"{name}.html", _html(title, png, rows, note)))
     return written

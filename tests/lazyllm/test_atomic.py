@@ -1,0 +1,59 @@
+"""lazyllm.atomic: saves that several processes make at once never tear or fail."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lazyllm.atomic import replace_with, write_atomic
+from lazyllm.schedule import Schedule
+
+_SAVER = """
+import sys, time
+from lazyllm.schedule import Schedule
+schedule = Schedule("m", tuple(float(sys.argv[2]) for _ in range(2000)) + (0.0,))
+schedule.save(sys.argv[1])
+while time.time() < float(sys.argv[3]):  # every writer busy until one shared deadline
+    schedule.save(sys.argv[1])
+"""
+
+
+def test_processes_saving_one_schedule_at_once_leave_one_whole_file(tmp_path: Path) -> None:
+    """Defect: ``Schedule.save`` wrote ``<name>.tmp`` for everyone; a second writer's rename found it
+    gone (FileNotFoundError), or moved the first one's half-written bytes into place."""
+    target = tmp_path / "s.json"
+    root = Path(__file__).resolve().parents[2]
+    deadline = str(time.time() + 8)  # past every writer's start-up, so they overlap
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SAVER, str(target), value, deadline],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for value in ("10.0", "20.0", "30.0")
+    ]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    saved = Schedule.load(target)  # whole: one writer's complete file
+    assert len(set(saved.percentiles[:-1])) == 1 and saved.percentiles[0] in (10.0, 20.0, 30.0)
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temporary left
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = write_atomic(tmp_path / "f.txt", "old")
+
+    def half_then_fail(tmp: Path) -> None:
+        tmp.write_text("ne")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        replace_with(target, half_then_fail)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
