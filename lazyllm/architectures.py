@@ -85,7 +85,11 @@ class DecoderStack:
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         """Next-token logits ``[B, vocab]`` from the last hidden state ``[B, 1, hidden]``."""
-        logits = self.lm_head(self.norm(hidden_last))[:, -1]
+        return self.logits_every(hidden_last[:, -1:])[:, -1]
+
+    def logits_every(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits ``[B, q, vocab]`` after every position of ``hidden`` ``[B, q, hidden]``."""
+        logits = self.lm_head(self.norm(hidden))
         if self.final_logit_softcapping is not None:
             cap = self.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap

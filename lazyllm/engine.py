@@ -410,7 +410,7 @@ class _Pass:
         state.record_computed(plan.index, self.q_pos, plan.n_old, newest=self.total - 1 if single else None)
         if not self.decoding:
             gen.prompt_pairs += q
-        elif q > 1:  # revived tokens (t is the last query): some may be prompt tokens
+        elif q > 1:  # revived tokens (t is the last query; a forced batch's counts are never read)
             gen.revived_pairs += q - 1
             revived_prompt = (self.q_pos[:-1] < gen.prompt_tokens).sum()
             if gen.prompt_pairs_device is None:
@@ -492,10 +492,13 @@ class _Pass:
         self.hidden, self.q_pos, self.active = next_hidden, need, next_active
         self.pe_q = {t: (cos[:, need], sin[:, need]) for t, (cos, sin) in self.gen.pe_table.items()}
 
-    def finish(self) -> torch.Tensor:
-        """``[1, vocab]`` float32 logits of ``t``; closes the pass's trace."""
+    def finish(self, every_query: bool = False) -> torch.Tensor:
+        """``[1, vocab]`` float32 logits of ``t`` (``every_query``: ``[q, vocab]``, one row per query of a
+        pass that pruned nothing); closes the pass's trace."""
         if self.gen.trace is not None:
             self.gen.trace.append(PassTrace(tuple(self._computed), tuple(self._attended), self._scores))
+        if every_query:
+            return self.gen.stack.logits_every(self.hidden)[0].float()
         return self.gen.stack.logits(self.hidden[:, -1:]).float()
 
 
@@ -586,9 +589,12 @@ class LazyLLM:
             trace=[] if trace else None,
         )
 
-    def _forward(self, gen: _Generation, new_ids: torch.Tensor, start: int) -> torch.Tensor:
+    def _forward(
+        self, gen: _Generation, new_ids: torch.Tensor, start: int, *, every_query: bool = False
+    ) -> torch.Tensor:
         """One forward pass adding ``new_ids`` ``[1, q]`` at positions ``start..start+q-1``; returns the
-        ``[1, vocab]`` logits of the newest position. See the module docstring."""
+        ``[1, vocab]`` logits of the newest position (``every_query``: ``[q, vocab]``, for a pass that
+        prunes nothing). See the module docstring."""
         step = _Pass(gen, new_ids, start)
         last = len(gen.layers) - 1
         for index, layer in enumerate(gen.layers):
@@ -597,7 +603,7 @@ class LazyLLM:
             if index == last or step.percentiles[index] == 0:
                 continue  # A_{l+1} = A_l and Q_{l+1} = Q_l
             step.route(plan, step.choose(plan, scores))
-        return step.finish()
+        return step.finish(every_query)
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -627,10 +633,29 @@ class LazyLLM:
         decoding step per token, pruning and reviving as the schedule says), but each step feeds
         ``forced[t - 1]`` instead of the argmax. Row 0 is the prefill's (it scores ``forced[0]``).
         With ``forced`` = this engine's own greedy answer the rows equal ``generate``'s step logits.
+
+        Where decoding steps can neither prune nor revive (``frozen`` revival, or a schedule that prunes
+        nothing), step ``t`` attends exactly what the prefill stored plus the forced tokens before it,
+        so all steps after the prefill run as one pass of ``T - 1`` queries under a causal mask: the
+        same attention sets, equal logits up to float rounding, and one layer walk instead of ``T - 1``.
         """
         if len(forced) < 1:
             raise ValueError("forced answer is empty: need at least one token")
         ids = self._as_input_ids(torch.as_tensor(prompt))
+        if len(forced) > 1 and not (self.schedule.revival.revives and any(self.schedule.percentiles)):
+            return self._forced_one_pass(ids, forced)
+        return self._forced_steps(ids, forced)
+
+    def _forced_one_pass(self, ids: torch.Tensor, forced: Sequence[int]) -> torch.Tensor:
+        """The prefill, then every forced token but the last as one pass (decoding prunes nothing)."""
+        n = ids.shape[1]
+        gen = self._begin(ids, n + len(forced), store_kv=True, trace=False)
+        first = self._forward(gen, ids, 0)
+        rest = torch.tensor([[int(t) for t in forced[:-1]]], device=ids.device)
+        return torch.cat([first.float(), self._forward(gen, rest, n, every_query=True)])
+
+    def _forced_steps(self, ids: torch.Tensor, forced: Sequence[int]) -> torch.Tensor:
+        """The prefill, then one decoding step per forced token (any revival policy)."""
         n, steps = ids.shape[1], len(forced)
         gen = self._begin(ids, n + steps, store_kv=True, trace=False)
         rows: list[torch.Tensor] = []

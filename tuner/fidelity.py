@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -40,7 +40,9 @@ from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
 
 DEFAULT_TOP_K = 64
-_FORMAT = "lazyllm-fidelity-v1"
+# v2: references teacher-forced in one pass after the prefill (LazyLLM.forced_logits), so a keep-all
+# trial reproduces them bit for bit; v1 files (step by step) are recomputed, not mixed with v2 trials
+_FORMAT = "lazyllm-fidelity-v2"
 
 
 def forced_logits(
@@ -176,6 +178,10 @@ class ReferenceCache:
 
 
 def _read(path: Path) -> dict[str, Reference]:
+    with safe_open(str(path), framework="pt") as f:
+        found = (f.metadata() or {}).get("format")
+    if found != _FORMAT:
+        raise ValueError(f"{path}: format {found!r}, expected {_FORMAT!r}")
     raw = load_file(str(path))
     keys = {name.rsplit("::", 1)[0] for name in raw}
     return {k: Reference(**{f: raw[f"{k}::{f}"] for f in _FIELDS}) for k in keys}

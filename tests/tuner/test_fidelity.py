@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from lazyllm.engine import LazyLLM
 from lazyllm.models import load_model
@@ -28,6 +29,27 @@ def test_forced_logits_reproduce_generate(arch: str) -> None:
     forced = forced_logits(engine, ids[0], out.token_ids)
     assert forced.shape == (6, model.config.vocab_size)
     assert torch.equal(forced, torch.stack(out.step_logits))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "mistral"])
+def test_frozen_forced_logits_in_one_pass_equal_the_steps(arch: str) -> None:
+    """With frozen revival the steps after the prefill run as one pass; the logits are generate's
+    (step by step) to float rounding, through sliding windows (window 8 < the 40-token prompt)."""
+    model = make_tiny(arch)
+    layers = model.config.num_hidden_layers
+    sched = Schedule.from_layers("tiny", layers, {1: 50, 3: 40}).with_revival("frozen")
+    engine = LazyLLM(model, sched, strict_model_name=False)
+    ids = prompt(40, seed=3)
+    out = engine.generate(ids, max_new_tokens=12, eos_token_id=[], return_logits=True)
+    forced = forced_logits(engine, ids[0], out.token_ids)
+    steps = torch.stack(out.step_logits)
+    assert forced.shape == steps.shape == (12, model.config.vocab_size)
+    assert torch.equal(forced[0], steps[0])  # the prefill row: the same pass
+    torch.testing.assert_close(forced, steps, atol=1e-5, rtol=1e-5)
+    # the forced tokens, not the argmax, feed the batch: another first token changes the rows after it
+    swapped = (out.token_ids[0] + 1) % model.config.vocab_size
+    other = forced_logits(engine, ids[0], [swapped, *out.token_ids[1:]])
+    assert torch.equal(other[0], forced[0]) and not torch.allclose(other[1], forced[1])
 
 
 def test_keep_all_forced_logits_match_a_transformers_forward() -> None:
@@ -105,3 +127,16 @@ def test_reference_cache_ignores_corrupt_file(tmp_path: Path) -> None:
     path = tmp_path / "fidelity-x.safetensors"
     path.write_bytes(b"not safetensors")
     assert ReferenceCache(path).entries == {}
+
+
+def test_reference_cache_of_another_format_is_recomputed(tmp_path: Path) -> None:
+    """v1 references were forced step by step; read beside v2 trials they would give keep-all a
+    rounding-sized KL instead of exactly 0, so a file of another format is never trusted."""
+    path = tmp_path / "fidelity-x.safetensors"
+    ref = reference_from_logits([1, 2], torch.randn(2, 11), top_k=3)
+    save_file(ref.tensors("k"), str(path), metadata={"format": "lazyllm-fidelity-v1"})
+    assert ReferenceCache(path).entries == {}
+    cache = ReferenceCache(path)
+    cache.entries["k"] = ref
+    cache.save()
+    assert set(ReferenceCache(path).entries) == {"k"}
