@@ -1,27 +1,31 @@
-"""What a search trial costs: teacher-forced drift step by step versus the one-pass path.
+"""What a search trial costs: teacher-forced drift step by step, in one pass, and resumed from the prefix.
 
     python benchmarks/trial_cost.py [--model smollm2-135m] [--max-prompt-tokens 1024] [--data-dir DIR]
 
 A trial of the default study (``--accuracy fidelity``, ``frozen`` revival) teacher-forces every
 validation example through the pruned model (:mod:`tuner.fidelity`). With ``frozen`` revival the
 decoding steps prune nothing, so :meth:`lazyllm.engine.LazyLLM.forced_logits` runs all forced
-tokens after the prefill as one pass; before, it walked the layers once per answer token. For a few
-schedules of the ``stages`` space this times both paths side by side on the same examples (wall
-seconds for all of them, alternating which path goes first per schedule) and reports the largest
-difference in per-example KL between them (float rounding only).
+tokens after the prefill as one pass; before, it walked the layers once per answer token. And with
+the unpruned prefill of each prompt kept (:meth:`~lazyllm.engine.LazyLLM.capture_prefix`, once per
+example and study) a prefill starts at the schedule's first pruning layer. For a few schedules of
+the ``stages`` space this times the paths side by side on the same examples (wall seconds for all
+of them, the order rotating per schedule) and reports the largest difference in per-example KL
+from the step-by-step path (float rounding only; resuming adds none to the one pass).
 
 Measured 2026-12-01 (SmolLM2-135M, 13 QA validation examples at 1024 tokens, answers of 16.6
-tokens on average, 2-core CPU, nothing else running; wall seconds for the 13 examples):
+tokens on average, 2-core CPU, nothing else running; wall seconds for the 13 examples; capturing
+the 13 prefixes took 23.4 s once and holds 1440 MiB):
 
-| schedule | FLOP speedup | step by step (s) | one pass (s) | ratio | max abs KL difference |
-|---|---|---|---|---|---|
-| keep-all | 1.00x | 35.4 | 23.9 | 1.48 | 1.3e-10 |
-| paper-style | 1.50x | 28.7 | 17.2 | 1.67 | 3.0e-06 |
-| fastkv 60% after the middle | 1.46x | 27.3 | 15.8 | 1.73 | 2.5e-07 |
-| 40% after each quarter | 1.81x | 24.4 | 13.0 | 1.88 | 2.0e-06 |
+| schedule | FLOP speedup | step by step (s) | one pass (s) | one pass from the prefix (s) | ratio to step by step | max abs KL difference |
+|---|---|---|---|---|---|---|
+| keep-all | 1.00x | 36.6 | 22.1 | 2.3 | 1.66 / 15.64 | 1.3e-10 |
+| paper-style | 1.50x | 26.3 | 15.0 | 9.9 | 1.75 / 2.65 | 3.0e-06 |
+| fastkv 60% after the middle | 1.46x | 28.2 | 16.2 | 6.4 | 1.74 / 4.42 | 2.5e-07 |
+| 40% after each quarter | 1.81x | 24.5 | 13.6 | 7.8 | 1.80 / 3.12 | 2.0e-06 |
 
 The steps cost about 0.9 s per example whatever the schedule (16 walks through 30 layers); the one
-pass leaves the prefill, which shrinks with pruning, so the faster the schedule the larger the gain.
+pass leaves the prefill, and the prefix leaves only the layers from the first pruning one on, so
+the later a schedule starts pruning the larger the gain.
 """
 
 from __future__ import annotations
@@ -70,12 +74,21 @@ def main() -> int:
     answer = sum(int(r.answer_ids.shape[0]) for r in refs.values()) / len(refs)
     print(f"{args.model}: {len(ev.examples)} examples, {args.max_prompt_tokens}-token prompts, "
           f"answers of {answer:.1f} tokens on average; frozen revival")  # fmt: skip
-    print("| schedule | FLOP speedup | step by step (s) | one pass (s) | ratio | max abs KL difference |")
-    print("|---|---|---|---|---|---|")
+    t0 = time.perf_counter()
+    prefixes = {ex.key: fid.prefix(ex) for ex in ev.examples}
+    held = sum(p.nbytes for p in prefixes.values() if p is not None) / 2**20
+    print(f"prefixes: captured in {time.perf_counter() - t0:.1f} s, {held:.0f} MiB held")
+    print("| schedule | FLOP speedup | step by step (s) | one pass (s) | one pass from the prefix (s) "
+          "| ratio to step by step | max abs KL difference |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for i, (name, sched) in enumerate(grid(args.model, layers).items()):
         engine = LazyLLM(model, sched.with_revival("frozen"), tokenizer=tokenizer, strict_model_name=False)
-        paths = {"steps": engine._forced_steps, "one pass": engine._forced_one_pass}
-        order = list(paths) if i % 2 == 0 else list(reversed(paths))
+        paths = {
+            "steps": lambda ids, answer, key, e=engine: e._forced_steps(ids, answer),
+            "one pass": lambda ids, answer, key, e=engine: e._forced_one_pass(ids, answer),
+            "prefix": lambda ids, answer, key, e=engine: e._forced_one_pass(ids, answer, prefixes[key]),
+        }
+        order = list(paths)[i % 3 :] + list(paths)[: i % 3]
         seconds, kls = {}, {}
         for path in order:
             t0, got = time.perf_counter(), []
@@ -83,12 +96,13 @@ def main() -> int:
                 for ex in ev.examples:
                     ref = refs[ex.key]
                     ids = torch.as_tensor(ex.input_ids)[None]
-                    got.append(drift(ref, paths[path](ids, ref.answer_ids.tolist()))[0])
+                    got.append(drift(ref, paths[path](ids, ref.answer_ids.tolist(), ex.key))[0])
             seconds[path], kls[path] = time.perf_counter() - t0, got
-        diff = max(abs(a - b) for a, b in zip(kls["steps"], kls["one pass"]))
+        diff = max(abs(a - b) for path in ("one pass", "prefix") for a, b in zip(kls["steps"], kls[path]))
         speed = flop_speedup(sched, dims, args.max_prompt_tokens)
         print(f"| {name} | {speed:.2f}x | {seconds['steps']:.1f} | {seconds['one pass']:.1f} | "
-              f"{seconds['steps'] / seconds['one pass']:.2f} | {diff:.1e} |")  # fmt: skip
+              f"{seconds['prefix']:.1f} | {seconds['steps'] / seconds['one pass']:.2f} / "
+              f"{seconds['steps'] / seconds['prefix']:.2f} | {diff:.1e} |")  # fmt: skip
     return 0
 
 

@@ -220,6 +220,43 @@ class GenerationResult:
 
 
 @dataclass(frozen=True)
+class PromptPrefix:
+    """The unpruned prefill of one prompt through its first ``depth`` layers, to resume from.
+
+    A schedule that prunes nothing before layer ``F`` (and whose rule observes no layer before it)
+    computes layers ``0..F-1`` of a prefill exactly as the unpruned model does, so its prefill may
+    start at layer ``F`` from here (:meth:`LazyLLM.forced_logits`): bit for bit the same result,
+    without the ``F`` full-width layers. Made by :meth:`LazyLLM.capture_prefix` on the same model.
+
+    Attributes:
+        ids: ``[1, N]`` the prompt.
+        inputs: ``depth + 1`` tensors ``[1, N, hidden]``: the input of layer ``l`` (``l = 0``: the embeddings).
+        keys: ``depth`` tensors ``[1, KVH, N, D]``, what layer ``l`` stored for every position.
+        values: the same for values.
+    """
+
+    ids: torch.Tensor
+    inputs: tuple[torch.Tensor, ...]
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.keys) + 1 or len(self.keys) != len(self.values):
+            raise ValueError(
+                f"prefix of {len(self.keys)} layers needs {len(self.keys) + 1} inputs and "
+                f"{len(self.keys)} values; got {len(self.inputs)} and {len(self.values)}"
+            )
+
+    @property
+    def depth(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.inputs, *self.keys, *self.values))
+
+
+@dataclass(frozen=True)
 class LayerPlan:
     """What layer ``index`` does in one pass: the mask, whether it scores, how many tokens it prunes.
 
@@ -299,6 +336,16 @@ class _Pass:
         self._computed: list[torch.Tensor] = []
         self._attended: list[torch.Tensor] = []
         self._scores: dict[int, torch.Tensor] = {}
+
+    def resume(self, prefix: PromptPrefix, first: int) -> None:
+        """Take layers ``0..first-1`` of this prefill from the unpruned ``prefix`` (they prune nothing
+        and nobody observes them): store their keys/values and account for them as computed."""
+        state = self.gen.state
+        for index in range(first):
+            if state.store_kv:
+                state.kv[index].append(prefix.keys[index], prefix.values[index], self.q_pos)
+            self._account(LayerPlan(index, 0, None, None, 0, False, None))
+        self.hidden = prefix.inputs[first]
 
     # --- step 1: masks ------------------------------------------------------------------------------
     def plan(self, index: int) -> LayerPlan:
@@ -590,14 +637,26 @@ class LazyLLM:
         )
 
     def _forward(
-        self, gen: _Generation, new_ids: torch.Tensor, start: int, *, every_query: bool = False
+        self,
+        gen: _Generation,
+        new_ids: torch.Tensor,
+        start: int,
+        *,
+        every_query: bool = False,
+        prefix: PromptPrefix | None = None,
     ) -> torch.Tensor:
         """One forward pass adding ``new_ids`` ``[1, q]`` at positions ``start..start+q-1``; returns the
         ``[1, vocab]`` logits of the newest position (``every_query``: ``[q, vocab]``, for a pass that
-        prunes nothing). See the module docstring."""
+        prunes nothing). A prefill given a ``prefix`` starts where the schedule first differs from
+        the unpruned model. See the module docstring."""
         step = _Pass(gen, new_ids, start)
+        first = 0
+        if prefix is not None:
+            first = self._resume_depth(gen, prefix)
+            step.resume(prefix, first)
         last = len(gen.layers) - 1
-        for index, layer in enumerate(gen.layers):
+        for index in range(first, last + 1):
+            layer = gen.layers[index]
             plan = step.plan(index)
             scores = step.attend(layer, plan)
             if index == last or step.percentiles[index] == 0:
@@ -625,8 +684,45 @@ class LazyLLM:
             scores=first.scores if return_scores else {},
         )
 
+    def _resume_depth(self, gen: _Generation, prefix: PromptPrefix) -> int:
+        """Layers of a prefill ``prefix`` stands in for: those before the first one that prunes or that
+        the selector observes (at most the prefix's depth)."""
+        depth = prefix.depth
+        for index in range(min(depth, len(gen.percentiles))):
+            if gen.percentiles[index] > 0 or gen.selector.observes(index):
+                return index
+        return depth
+
     @torch.inference_mode()
-    def forced_logits(self, prompt: torch.Tensor | list[int], forced: Sequence[int]) -> torch.Tensor:
+    def capture_prefix(self, prompt: torch.Tensor | list[int]) -> PromptPrefix:
+        """The unpruned prefill of ``prompt`` through every layer but the last, for
+        :meth:`forced_logits` of other schedules on the same model (this engine must prune nothing)."""
+        if any(self.schedule.percentiles):
+            raise ValueError("capture_prefix needs an engine that prunes nothing (Schedule.keep_all)")
+        ids = self._as_input_ids(torch.as_tensor(prompt))
+        n, depth = ids.shape[1], self.stack.num_layers - 1
+        gen = self._begin(ids, n, store_kv=True, trace=False)
+        step = _Pass(gen, ids, 0)
+        inputs = [step.hidden]
+        for index in range(depth):
+            step.attend(gen.layers[index], step.plan(index))
+            inputs.append(step.hidden)
+        kv = gen.state.kv[:depth]
+        return PromptPrefix(
+            ids=ids,
+            inputs=tuple(inputs),
+            keys=tuple(layer.keys[:, :, :n] for layer in kv if layer.keys is not None),
+            values=tuple(layer.values[:, :, :n] for layer in kv if layer.values is not None),
+        )
+
+    @torch.inference_mode()
+    def forced_logits(
+        self,
+        prompt: torch.Tensor | list[int],
+        forced: Sequence[int],
+        *,
+        prefix: PromptPrefix | None = None,
+    ) -> torch.Tensor:
         """Next-token logits ``[T, vocab]`` (float32) along a given answer ``forced`` (``T`` tokens).
 
         Teacher forcing: the passes are exactly those of :meth:`generate` (the prefill, then one
@@ -638,30 +734,40 @@ class LazyLLM:
         nothing), step ``t`` attends exactly what the prefill stored plus the forced tokens before it,
         so all steps after the prefill run as one pass of ``T - 1`` queries under a causal mask: the
         same attention sets, equal logits up to float rounding, and one layer walk instead of ``T - 1``.
+
+        ``prefix``: the unpruned prefill of this prompt (:meth:`capture_prefix`); the prefill then
+        starts at the schedule's first pruning layer, with exactly the same result.
         """
         if len(forced) < 1:
             raise ValueError("forced answer is empty: need at least one token")
         ids = self._as_input_ids(torch.as_tensor(prompt))
+        if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
+            raise ValueError("prefix was captured from another prompt; capture it from this one")
         if len(forced) > 1 and not (self.schedule.revival.revives and any(self.schedule.percentiles)):
-            return self._forced_one_pass(ids, forced)
-        return self._forced_steps(ids, forced)
+            return self._forced_one_pass(ids, forced, prefix)
+        return self._forced_steps(ids, forced, prefix)
 
-    def _forced_one_pass(self, ids: torch.Tensor, forced: Sequence[int]) -> torch.Tensor:
+    def _forced_one_pass(
+        self, ids: torch.Tensor, forced: Sequence[int], prefix: PromptPrefix | None = None
+    ) -> torch.Tensor:
         """The prefill, then every forced token but the last as one pass (decoding prunes nothing)."""
         n = ids.shape[1]
         gen = self._begin(ids, n + len(forced), store_kv=True, trace=False)
-        first = self._forward(gen, ids, 0)
+        first = self._forward(gen, ids, 0, prefix=prefix)
         rest = torch.tensor([[int(t) for t in forced[:-1]]], device=ids.device)
         return torch.cat([first.float(), self._forward(gen, rest, n, every_query=True)])
 
-    def _forced_steps(self, ids: torch.Tensor, forced: Sequence[int]) -> torch.Tensor:
+    def _forced_steps(
+        self, ids: torch.Tensor, forced: Sequence[int], prefix: PromptPrefix | None = None
+    ) -> torch.Tensor:
         """The prefill, then one decoding step per forced token (any revival policy)."""
         n, steps = ids.shape[1], len(forced)
         gen = self._begin(ids, n + steps, store_kv=True, trace=False)
         rows: list[torch.Tensor] = []
         next_input, start = ids, 0
         for step in range(steps):
-            rows.append(self._forward(gen, next_input, start)[0].float())
+            logits = self._forward(gen, next_input, start, prefix=prefix if step == 0 else None)
+            rows.append(logits[0].float())
             start += next_input.shape[1]
             next_input = torch.tensor([[int(forced[step])]], device=ids.device)
         return torch.stack(rows)

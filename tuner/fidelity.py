@@ -35,21 +35,27 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from lazyllm.atomic import replace_with
-from lazyllm.engine import LazyLLM
+from lazyllm.engine import LazyLLM, PromptPrefix
 from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
 
 DEFAULT_TOP_K = 64
+# unpruned prefills kept per evaluator so trials start at their first pruning layer; past this many
+# bytes (about 13 SmolLM2 prompts of 1024 tokens take 1.5 GB) the remaining examples run in full
+PREFIX_CACHE_BYTES = 2 * 1024**3
 # v2: references teacher-forced in one pass after the prefill (LazyLLM.forced_logits), so a keep-all
 # trial reproduces them bit for bit; v1 files (step by step) are recomputed, not mixed with v2 trials
 _FORMAT = "lazyllm-fidelity-v2"
 
 
 def forced_logits(
-    engine: LazyLLM, prompt_ids: Sequence[int] | torch.Tensor, forced: Sequence[int]
+    engine: LazyLLM,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    forced: Sequence[int],
+    prefix: PromptPrefix | None = None,
 ) -> torch.Tensor:
     """Next-token logits ``[T, vocab]`` along ``forced``: :meth:`lazyllm.engine.LazyLLM.forced_logits`."""
-    return engine.forced_logits(torch.as_tensor(prompt_ids), forced)
+    return engine.forced_logits(torch.as_tensor(prompt_ids), forced, prefix=prefix)
 
 
 @dataclass(frozen=True)
@@ -196,12 +202,21 @@ class FidelityEvaluator:
         gold: also measure the change in gold-answer log-likelihood (a second pass per example).
     """
 
-    def __init__(self, evaluator: Any, *, top_k: int = DEFAULT_TOP_K, gold: bool = False) -> None:
+    def __init__(
+        self,
+        evaluator: Any,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+        gold: bool = False,
+        prefix_bytes: int = PREFIX_CACHE_BYTES,
+    ) -> None:
         if top_k < 1:
             raise ValueError(f"fidelity top_k = {top_k}: must be >= 1")
         self.evaluator = evaluator
         self.top_k = top_k
         self.gold = gold
+        self.prefix_bytes = prefix_bytes
+        self.prefixes: dict[str, PromptPrefix | None] = {}  # None: over the memory cap, run in full
         base = evaluator.cache.path
         stem = base.name.removeprefix("baseline-").removesuffix(".json")
         self.cache = ReferenceCache(
@@ -236,13 +251,28 @@ class FidelityEvaluator:
             self.cache.save()
         return {ex.key: self.cache.entries[ex.key] for ex in self.evaluator.examples}
 
+    def prefix(self, example: Any) -> PromptPrefix | None:
+        """The unpruned prefill of ``example``'s prompt (captured once, while within ``prefix_bytes``)."""
+        if example.key not in self.prefixes:
+            used = sum(p.nbytes for p in self.prefixes.values() if p is not None)
+            last = next((p for p in reversed(self.prefixes.values()) if p is not None), None)
+            size = None if last is None else last.nbytes * len(example.input_ids) / last.ids.shape[1]
+            if size is not None and used + size > self.prefix_bytes:
+                self.prefixes[example.key] = None
+            else:
+                captured = self.keep_all.capture_prefix(torch.as_tensor(example.input_ids))
+                fits = used + captured.nbytes <= self.prefix_bytes
+                self.prefixes[example.key] = captured if fits else None
+        return self.prefixes[example.key]
+
     def example_drift(self, engine: LazyLLM, example: Any, ref: Reference) -> ExampleDrift:
-        logits = forced_logits(engine, example.input_ids, ref.answer_ids.tolist())
+        prefix = self.prefix(example)
+        logits = forced_logits(engine, example.input_ids, ref.answer_ids.tolist(), prefix)
         kl, top1 = drift(ref, logits)
         gold_delta = None
         if ref.gold_ids.numel():
             pruned = _token_logp(
-                forced_logits(engine, example.input_ids, ref.gold_ids.tolist()), ref.gold_ids
+                forced_logits(engine, example.input_ids, ref.gold_ids.tolist(), prefix), ref.gold_ids
             )
             gold_delta = float(ref.gold_logp.double().mean() - pruned.double().mean())
         return ExampleDrift(

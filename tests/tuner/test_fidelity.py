@@ -52,6 +52,55 @@ def test_frozen_forced_logits_in_one_pass_equal_the_steps(arch: str) -> None:
     assert torch.equal(other[0], forced[0]) and not torch.allclose(other[1], forced[1])
 
 
+@pytest.mark.parametrize(
+    ("arch", "revival", "scoring"),
+    [("llama", "frozen", "last"), ("gemma3", "frozen", "last"), ("qwen2", "dynamic", "last"),
+     ("llama", "frozen", "fastkv"), ("llama", "frozen", "w1-softmax-none-mean-stage")],
+)  # fmt: skip
+def test_a_prefill_resumed_from_the_unpruned_prefix_is_bit_identical(
+    arch: str, revival: str, scoring: str
+) -> None:
+    """A schedule first pruning after layer 2 starts its prefill there from the keep-all prefix:
+    exactly the logits of computing layers 0-2 itself (twice, so nothing in the prefix was changed);
+    a rule that observes earlier layers (stage-mean) resumes no later than its first observed one."""
+    model = make_tiny(arch)
+    layers = model.config.num_hidden_layers
+    keep = LazyLLM(model, Schedule.keep_all("tiny", layers), strict_model_name=False)
+    sched = Schedule.from_layers("tiny", layers, {2: 50, 3: 40}).with_revival(revival).with_scoring(scoring)
+    engine = LazyLLM(model, sched, strict_model_name=False)
+    ids = prompt(40, seed=5)
+    prefix = keep.capture_prefix(ids[0])
+    assert prefix.depth == layers - 1 and prefix.inputs[0].shape == (1, 40, model.config.hidden_size)
+    answer = [3, 9, 27, 81, 43]
+    full = forced_logits(engine, ids[0], answer)
+    for _ in range(2):
+        assert torch.equal(forced_logits(engine, ids[0], answer, prefix), full)
+    with pytest.raises(ValueError, match="another prompt"):
+        forced_logits(engine, prompt(40, seed=6)[0], answer, prefix)
+    with pytest.raises(ValueError, match="prunes nothing"):
+        engine.capture_prefix(ids[0])
+
+
+def test_fidelity_evaluator_keeps_prefixes_within_its_memory_cap(tiny_folder: Path, tmp_path: Path) -> None:
+    model, tokenizer = load_model(str(tiny_folder))
+    cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=3, max_prompt_tokens=64,
+                       max_new_tokens=4, data_dir=longbench_dir())  # fmt: skip
+    ev = Evaluator(model, tokenizer, cfg, tmp_path / "cache", progress=False)
+    layers = model.config.num_hidden_layers
+    pruned = LazyLLM(
+        model, Schedule.from_layers(model.config.name_or_path, layers, {1: 50}), strict_model_name=False
+    )
+    full = FidelityEvaluator(ev, prefix_bytes=0).evaluate(pruned)[0]
+    fid = FidelityEvaluator(ev)
+    assert fid.evaluate(pruned)[0] == full  # the same drift, example by example
+    kept = [p for p in fid.prefixes.values() if p is not None]
+    assert len(kept) == len(ev.examples) > 1
+    one = kept[0].nbytes
+    capped = FidelityEvaluator(ev, prefix_bytes=int(1.5 * one))
+    assert capped.evaluate(pruned)[0] == full
+    assert sum(p is not None for p in capped.prefixes.values()) == 1  # the rest ran in full
+
+
 def test_keep_all_forced_logits_match_a_transformers_forward() -> None:
     """Teacher forcing along an arbitrary (non-greedy) answer: keep-all equals one plain forward pass."""
     model = make_tiny("llama")
