@@ -159,7 +159,7 @@ def pooled(
         kl = _mean(r, keys, weights, "kl")[0]
         if kl == 0:
             return r
-        if cal is not None and cal.predicted(kl)[1] <= budget and kl <= cal.max_scored_kl:
+        if cal is not None and cal.predicted(kl)[1] <= budget and cal.covers(kl):
             return r
     return None
 

@@ -89,6 +89,14 @@ class Calibration:
             return self.max_scored_kl
         return min(budget / self.slope_upper, self.max_scored_kl)
 
+    def covers(self, kl: float) -> bool:
+        """Whether ``kl`` is within the scored evidence (no farther than the largest scored KL).
+
+        The comparison forgives float rounding: a scored trial's own mean KL, summed in another
+        order than the calibration's, may come out a few ulps above it (2 ulps kept the fastest
+        scored schedule, 1.93x, from ever being recommended)."""
+        return kl <= self.max_scored_kl * (1.0 + 1e-9) + 1e-15
+
     def predicted(self, kl: float) -> tuple[float, float]:
         """``(estimate, upper bound)`` of the task loss (points) of a schedule with mean KL ``kl``."""
         return self.slope * kl, self.slope_upper * kl

@@ -56,3 +56,16 @@ def test_no_drift_no_slope_and_mismatched_evidence_is_refused() -> None:
     assert fit([zero], {"a/1": 1.0}, level=0.9) is None
     with pytest.raises(ValueError, match="different examples"):
         ScoredSchedule(1, {"a/1": 0.1}, {"a/2": 0.0})
+
+
+def test_the_largest_scored_schedule_is_covered_whatever_order_its_mean_was_summed_in() -> None:
+    """Defect (seed 0 of the default study): the fastest scored schedule's own mean KL came out 2 ulps
+    above the calibration's (0.24911967902254475 > ...473), so it was 'past the largest scored KL'
+    and the recommendation fell back to a slower one."""
+    scored, weights = _simulate(8.0, 13, [0.05, 0.1, 0.24911967902254473], noise=1.0, seed=3)
+    cal = fit(scored, weights, level=0.9)
+    assert cal is not None
+    top = cal.max_scored_kl
+    assert cal.covers(top) and cal.covers(float(np.nextafter(np.nextafter(top, 1.0), 1.0)))
+    assert not cal.covers(top * 1.001)  # past the evidence is still past it
+    assert cal.covers(0.0)

@@ -248,14 +248,14 @@ def confirm_pooled(
             ok, why = False, "no calibration (no scored schedule drifted)"
         else:
             est, up = calibration.predicted(kl)
-            ok = up <= budget.budget and kl <= calibration.max_scored_kl
+            ok = up <= budget.budget and calibration.covers(kl)
             why = (
                 f"KL {kl:.4f} nats; {calibration.no_cost_text()}"  # a negative loss is no gain
                 if calibration.slope <= 0
                 else f"predicted task loss {est:.2f} (upper bound {up:.2f}) score points at KL {kl:.4f} nats "
                 f"{'<=' if ok else '>'} budget {budget.budget:g}"
             )
-            if up <= budget.budget and not kl <= calibration.max_scored_kl:
+            if up <= budget.budget and not calibration.covers(kl):
                 why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
         status = "confirmed" if ok and picked is None else ("scored" if r.number in direct else None)
         if ok and picked is None:

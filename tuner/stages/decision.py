@@ -99,7 +99,7 @@ def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
             f"loss bound of {cap.text(nxt.loss.upper)}, over the search's cap of {cap.text(cap.budget)} "
             f"(--max-kl), so it was not a candidate ({prediction}). {done}"
         )
-    if nxt.values[1] > calibration.max_scored_kl:
+    if not calibration.covers(nxt.values[1]):
         return (
             f"What decided: the data. {head.capitalize()}; the next faster schedule, {where}, drifts past the "
             f"largest KL scored on the task ({calibration.max_scored_kl:.4f} nats), where the calibration is not "
