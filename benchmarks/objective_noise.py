@@ -123,6 +123,8 @@ def rule_schedules(model: str, layers: int) -> dict[str, Schedule]:
             {at(1 / 6): 10, at(0.27): 15, at(1 / 3): 30, at(1 / 2): 35}
         ),
         "fastkv 50% after L22": fastkv({at(0.73): 50}),
+        # the default study's recommendation (seeds 0 and 1, 2026-12-01)
+        "fastkv 30% L6, 50% L15, 50% L17": fastkv({at(0.2): 30, at(1 / 2): 50, at(17 / 30): 50}),
     }
 
 
