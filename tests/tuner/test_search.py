@@ -17,7 +17,7 @@ from tuner.records import RECORD_ATTR, TrialRecord, schedule_key
 from tuner.search import main, parse_settings
 from tuner.settings import SearchSettings, resolve_settings
 from tuner.spaces import load_space
-from tuner.stages.trial import BaselineStats
+from tuner.stages.trial import BaselineStats, fresh_draw
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
@@ -194,6 +194,18 @@ def test_a_schedule_already_evaluated_takes_no_slot(tiny_folder: Path, tmp_path:
     assert len(done) == n  # the refused proposal took no slot: a fresh draw ran instead
     keys = {schedule_key(r.schedule) for r in done if r is not None}
     assert len(keys) == n  # n slots, n different schedules
+
+
+def test_the_draw_replacing_a_duplicate_depends_on_the_study_seed() -> None:
+    """Defect: the replacement draw was seeded by the trial number alone, so seeds 0 and 1 queued the
+    same schedules after their refusals (both default studies recommended the same trial-74 draw)."""
+    space = load_space("stages")
+    draws = {seed: [fresh_draw(space, 30, seed, n) for n in range(60, 80)] for seed in (0, 1)}
+    assert draws[0] == [fresh_draw(space, 30, 0, n) for n in range(60, 80)]  # reproducible
+    assert sum(a == b for a, b in zip(draws[0], draws[1])) <= 2  # independent across seeds
+    assert len({json.dumps(d, sort_keys=True) for d in draws[0]}) >= 15  # and across trial numbers
+    for d in draws[0]:
+        space.to_schedule(d, "m", 30)  # inside the space
 
 
 def test_total_speedup_objective_and_the_study_revival_policy(tiny_folder: Path, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
@@ -42,6 +43,16 @@ from tuner.workers import DuplicateSchedule, SurplusTrial, is_surplus
 
 DUPLICATE_ATTR = "duplicate_of"
 """System attr of a refused duplicate proposal: the trial number that holds that schedule."""
+
+
+def fresh_draw(space: SearchSpace, num_layers: int, study_seed: int, trial_number: int) -> dict[str, Any]:
+    """Random parameters of ``space`` to queue in place of a refused duplicate: reproducible from the
+    study's seed and the trial number, and different between seeds (seeded by the trial number alone,
+    the draws of seeds 0 and 1 were the same, so both studies evaluated the same replacements)."""
+    seed = int(np.random.SeedSequence([study_seed, trial_number]).generate_state(1)[0])
+    fresh = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed)).ask()
+    space.suggest_params(fresh, num_layers)
+    return dict(fresh.params)
 
 
 @dataclass(frozen=True)
@@ -188,10 +199,7 @@ class TrialRunner:
         if earlier is None:
             return
         trial.storage.set_trial_system_attr(trial._trial_id, DUPLICATE_ATTR, earlier)
-        draw = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=trial.number))
-        fresh = draw.ask()
-        self.space.suggest_params(fresh, self.num_layers)
-        trial.study.enqueue_trial(fresh.params)
+        trial.study.enqueue_trial(fresh_draw(self.space, self.num_layers, self.settings.seed, trial.number))
         raise DuplicateSchedule(f"trial {trial.number}: the schedule of trial {earlier}; queued a fresh draw")
 
     def measure_speed(
