@@ -244,9 +244,10 @@ class FidelityEvaluator:
             missing, desc="fidelity reference", disable=not self.evaluator.progress or not missing
         ):
             answer = [int(t) for t in base[ex.key]["token_ids"]]
-            logits = forced_logits(self.keep_all, ex.input_ids, answer)
+            prefix = self.prefix(ex)  # captured here once: the trials start from it too
+            logits = forced_logits(self.keep_all, ex.input_ids, answer, prefix)
             gold = self.gold_ids(ex)
-            gold_logits = forced_logits(self.keep_all, ex.input_ids, gold) if gold else None
+            gold_logits = forced_logits(self.keep_all, ex.input_ids, gold, prefix) if gold else None
             self.cache.entries[ex.key] = reference_from_logits(answer, logits, self.top_k, gold, gold_logits)
             self.cache.save()
         return {ex.key: self.cache.entries[ex.key] for ex in self.evaluator.examples}

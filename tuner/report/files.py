@@ -49,10 +49,6 @@ COLUMNS = ("trial", "speedup", "speedup_kind", "accuracy_loss", "accuracy_loss_u
            "confirmation", "task_loss", "task_loss_interval", "task_loss_upper", "file")  # fmt: skip
 
 
-def _write(path: Path, text: str | bytes) -> Path:
-    return write_atomic(path, text)
-
-
 @contextmanager
 def _folder_lock(folder: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on the folder itself (no lock file is left behind)."""
@@ -70,7 +66,7 @@ def _folder_lock(folder: Path) -> Iterator[None]:
 
 
 def _json(path: Path, data: Any) -> Path:
-    return _write(path, json.dumps(data, indent=2) + "\n")
+    return write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def front_rows(outcome: StudyOutcome) -> list[dict[str, Any]]:
@@ -151,11 +147,11 @@ def _write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
     writer = csv.DictWriter(table, fieldnames=list(COLUMNS))
     writer.writeheader()
     writer.writerows(rows)
-    written.append(_write(out_dir / "pareto.csv", table.getvalue()))
+    written.append(write_atomic(out_dir / "pareto.csv", table.getvalue()))
     best = outcome.recommended
     rec_path = out_dir / "recommended.json"
     if best is not None:
-        written.append(_write(rec_path, outcome.schedule_of(best).to_json() + "\n"))
+        written.append(write_atomic(rec_path, outcome.schedule_of(best).to_json() + "\n"))
     else:
         rec_path.unlink(missing_ok=True)
     if outcome.confirmation is not None:
@@ -183,5 +179,5 @@ def _write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
         for name, (title, draw) in figures.items():
             png = replace_with(out_dir / f"{name}.png", draw, suffix=".png")  # drawn beside, then moved
             written.append(png)
-            written.append(_write(out_dir / f"{name}.html", _html(title, png, rows, note)))
+            written.append(write_atomic(out_dir / f"{name}.html", _html(title, png, rows, note)))
     return written
