@@ -1,12 +1,13 @@
-"""tuner.stages.heldout: the hand-made families (with the study's revival) and the wording of a comparison; settings of issue 12."""
+"""tuner.handmade and tuner.stages.heldout: the hand-made families (with the study's revival) and the wording of a comparison; settings of issue 12."""
 
 from __future__ import annotations
 
 import pytest
 
 from tuner.evaluation import ExampleResult, loss_estimate, macro_score, summarize
+from tuner.handmade import families, hand_made_grid, one_stage_grid
 from tuner.search import parse_settings
-from tuner.stages.heldout import families, hand_made_grid, one_stage_grid, verdict
+from tuner.stages.heldout import verdict
 
 
 def _r(dataset: str, score: float, i: int) -> ExampleResult:

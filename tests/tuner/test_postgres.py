@@ -139,7 +139,7 @@ def test_three_workers_share_the_warm_starts(tiny_folder: Path, tmp_path: Path, 
     assert _other_connections(pg_url) == 0  # the search and its workers gave their connections back
     trials = _trials(pg_url)
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(finished) == n and all(t.state == TrialState.COMPLETE for t in finished)
+    assert len(finished) == n  # some may stop early (dominated by a faster warm start): they ran too
     assert_evaluated_once(finished)
     others = [t for t in trials if t not in finished]
     assert all(t.state == TrialState.FAIL and t.user_attrs.get("surplus") for t in others)

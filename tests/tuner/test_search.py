@@ -187,9 +187,12 @@ def test_a_schedule_already_evaluated_takes_no_slot(tiny_folder: Path, tmp_path:
     )
     trials = optuna.load_study(study_name="s", storage=storage).get_trials()
     refused = [t for t in trials if "duplicate_of" in t.system_attrs]
-    assert [t.system_attrs["duplicate_of"] for t in refused] == [0]
-    assert refused[0].state == optuna.trial.TrialState.FAIL and refused[0].params["n_stages"] == 0
-    assert RECORD_ATTR not in refused[0].user_attrs
+    # the repeated keep-all first; a replacement draw may repeat a schedule too (on a 4-layer model a
+    # random draw is keep-all one time in five) and is refused the same way
+    assert refused and refused[0].system_attrs["duplicate_of"] == 0 and refused[0].params["n_stages"] == 0
+    for t in refused:
+        assert t.state == optuna.trial.TrialState.FAIL and RECORD_ATTR not in t.user_attrs
+        assert t.system_attrs["duplicate_of"] < t.number
     done = [TrialRecord.from_trial(t) for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == n  # the refused proposal took no slot: a fresh draw ran instead
     keys = {schedule_key(r.schedule) for r in done if r is not None}

@@ -15,6 +15,8 @@ from optuna.trial import FixedTrial
 
 from lazyllm.schedule import Schedule
 from lazyllm.scoring import Scoring
+from tuner.handmade import one_stage_grid
+from tuner.records import schedule_key
 from tuner.spaces import (
     GENTLE_PEER_KEEP,
     SEARCH_SPACE_DIR,
@@ -337,7 +339,9 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     # (per_layer caps a layer at 60%, so a peer's published 80% is its gentler 60%: queued once)
     families = 2 if isinstance(space, StagesSpace) and space.max_stages >= 3 else 1
     clipped = name == "per_layer"
-    assert len(points) == 2 + families + (2 if clipped else 4)
+    hand_made = space.hand_made_starts(num_layers, points[: 2 + families + (2 if clipped else 4)])
+    assert len(points) == 2 + families + (2 if clipped else 4) + len(hand_made)
+    assert points[len(points) - len(hand_made) :] == hand_made
     study = optuna.create_study(sampler=RandomSampler(seed=0))
     for point in points:
         study.enqueue_trial(point)
@@ -348,6 +352,7 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
         assert space.to_schedule(point, "m", num_layers) == schedule
         _check_valid(schedule, num_layers)
         schedules.append(schedule)
+    schedules = schedules[: len(schedules) - len(hand_made)]
     if clipped:
         schedules += schedules[-2:]  # the published points are the gentler ones
     keep_all, paper, mid, *gradual, gentle_gemfilter, gentle_tsp, gemfilter, tsp = schedules
@@ -370,6 +375,24 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
         assert [p > 0 for p in gentle.percentiles] == [p > 0 for p in peer.percentiles]
         assert gentle.keep_fractions()[-1] == pytest.approx(GENTLE_PEER_KEEP, abs=0.03)
         assert peer.keep_fractions()[-1] == pytest.approx(GENTLE_PEER_KEEP if clipped else 0.2, abs=0.03)
+
+
+@pytest.mark.parametrize("num_layers", [4, 18, 30])
+def test_warm_starts_hold_every_one_stage_schedule_of_the_heldout_check(num_layers: int) -> None:
+    """Defect: on gemma3-270m the held-out check found one stage keeping 30% after layer 4 at 2.09x on
+    test within budget, while the study, which had never evaluated it, recommended a 1.28x schedule.
+    The packaged stages space now queues the whole one-stage family, each schedule exactly as the
+    held-out check builds it (so the check reuses the study's losses), and queues none twice."""
+    space = SPACES["stages"]
+    points = space.warm_start(num_layers)
+    queued = [schedule_key(space.to_schedule(p, "m", num_layers)) for p in points]
+    hand_made = {schedule_key(s) for s in one_stage_grid("m", num_layers).values()}
+    assert hand_made and hand_made <= set(queued)
+    assert len(set(queued)) == len(queued)
+    # a space that cannot hold a schedule exactly still gets its nearest point, never a repeat
+    per_layer = SPACES["per_layer"]  # caps a layer at 60%: keeping 10% and 30% become one point
+    extra = per_layer.hand_made_starts(num_layers, [])
+    assert len(extra) == len({json.dumps(p, sort_keys=True) for p in extra}) < len(hand_made)
 
 
 @pytest.mark.parametrize("num_layers", [18, 30])
@@ -399,8 +422,10 @@ def test_parametric_keep_all_only_where_the_space_holds_it(tmp_path: Path) -> No
     points = space.warm_start(30)
     assert points[0] == {"start_depth": 0.6, "final_keep": 0.2, "n_stages": 2, "shape": "front"}
     # paper-style, the mid-depth family, two peers (clipped to this space, so some coincide: a study
-    # refuses the repeats); one rule: no parameter
-    assert len(points) == 4 and all("scoring" not in p for p in points)
+    # refuses the repeats), then the hand-made one-stage points this space does not already hold
+    # (clipped to start 0.6 and keep <= 0.2, only keeping 10% is new); one rule: no parameter
+    assert len(points) == 4 + 1 and all("scoring" not in p for p in points)
+    assert points[4:] == space.hand_made_starts(30, points[:4])
     assert space.to_schedule(points[0], "m", 30).keep_fractions()[-1] == pytest.approx(0.2)
 
 

@@ -1,12 +1,7 @@
 """The held-out stage: the recommendation against the best hand-made schedules, on test.
 
-Two families of hand-made schedules a user might write:
-
-* **paper-style**: progressive pruning in equal stages from a quarter or half of the depth, keeping
-  30% or 50% of the prompt at the end (LazyLLM's own recipe);
-* **one-stage**: prune to ``K%`` of the prompt once, after layer ``L`` (FastKV's token-selective
-  propagation: full context up to a middle layer, then only the selected tokens), ``K`` in
-  10/30/50%, ``L`` a quarter or half of the depth.
+The yardstick is the two families of hand-made schedules of :mod:`tuner.handmade` (paper-style
+and one-stage).
 
 Like for like: every hand-made schedule takes the study's revival policy, as every trial did.
 The best of each family is picked on the *validation* examples with the search's own loss (the
@@ -26,49 +21,12 @@ from typing import Any
 from lazyllm.flops import flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation import Evaluator, ExampleResult, loss_estimate, macro_score
+from tuner.handmade import families
 from tuner.losses import ScoreLoss
 from tuner.records import TrialRecord, schedule_key
 from tuner.speed import SpeedMeasurement
 from tuner.stages.trial import TrialRunner
 from tuner.stats import Estimate, macro_weights, paired_estimate
-
-
-def hand_made_grid(model_name: str, layers: int) -> dict[str, Schedule]:
-    """Paper-style progressive schedules a user might write by hand, by name."""
-    grid = {}
-    for start in sorted({layers // 4, layers // 2}):
-        for keep in (0.3, 0.5):
-            stages = max(1, min(4, layers - 1 - start))
-            grid[f"paper start={start} keep={keep}"] = Schedule.progressive(
-                model_name, layers, start_layer=start, final_keep=keep, stages=stages
-            )
-    return grid
-
-
-def one_stage_grid(model_name: str, layers: int) -> dict[str, Schedule]:
-    """FastKV-style one-stage schedules: keep ``K%`` of the prompt after layer ``L``.
-
-    >>> sorted(one_stage_grid("m", 8))[:2]
-    ['one-stage keep=10% after layer 2', 'one-stage keep=10% after layer 4']
-    """
-    grid = {}
-    for layer in sorted({max(0, layers // 4), max(0, layers // 2)}):
-        if layer >= layers - 1:
-            continue
-        for keep in (10, 30, 50):
-            grid[f"one-stage keep={keep}% after layer {layer}"] = Schedule.from_layers(
-                model_name, layers, {layer: 100 - keep}
-            )
-    return grid
-
-
-def families(model_name: str, layers: int, revival: str) -> dict[str, dict[str, Schedule]]:
-    """Both hand-made families, each schedule with the study's revival policy."""
-    grids = {
-        "paper-style": hand_made_grid(model_name, layers),
-        "one-stage": one_stage_grid(model_name, layers),
-    }
-    return {f: {n: s.with_revival(revival) for n, s in g.items()} for f, g in grids.items()}
 
 
 @dataclass(frozen=True)
