@@ -10,8 +10,8 @@ Two families, both with today's scoring rule:
 
 The held-out check (:mod:`tuner.stages.heldout`) compares the recommendation with the best of each
 family on test, and the search spaces queue the one-stage family as warm starts
-(:meth:`tuner.spaces.SearchSpace.hand_made_starts`), so a study never misses a hand-made schedule
-its own held-out check would find faster within budget.
+(:meth:`tuner.spaces.SearchSpace.hand_made_starts`), so a study evaluates every one-stage schedule
+its held-out check will hold it to.
 """
 
 from __future__ import annotations

@@ -315,8 +315,9 @@ class SearchSpace(ABC):
         """The one-stage hand-made family (:func:`tuner.handmade.one_stage_points`) as points of this
         space with today's rule (clipped to the space), less the points already ``queued``. The
         held-out check holds every study to these schedules, so the study evaluates them itself: on
-        gemma3-270m, keeping 30% after a quarter of the depth ran 2.09x on test within a 2-point
-        budget while the study, which had never tried it, recommended a 1.28x schedule."""
+        gemma3-270m, keeping 30% after a quarter of the depth ran 2.09x on test with a task loss of
+        1.21 points [-0.31, 2.95] (n=29) while the study, which had never tried it, recommended a
+        1.28x schedule."""
         out: list[dict[str, Any]] = []
         for layer, keep in one_stage_points(num_layers):
             point = self._with_rule(self._one_stage(layer, keep / 100.0, num_layers), Scoring())
