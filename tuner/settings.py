@@ -193,7 +193,7 @@ class SearchSettings(EvalSettings):
         default=0.9, metadata=_help("level of every interval and of the one-sided bounds in constraints")
     )
     decision_level: float = field(
-        default=0.8,
+        default=0.6,
         metadata=_help(
             "level of the calibration's predicted task-loss bound that decides the recommendation "
             "(benchmarks/decision_rule.py measures its error rate; intervals stay at --confidence)"
@@ -263,7 +263,7 @@ class SearchSettings(EvalSettings):
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence = {self.confidence}: must be in [0.5, 1), e.g. 0.9")
         if not 0.5 <= self.decision_level < 1:
-            raise ValueError(f"decision_level = {self.decision_level}: must be in [0.5, 1), e.g. 0.8")
+            raise ValueError(f"decision_level = {self.decision_level}: must be in [0.5, 1), e.g. 0.6")
         if self.confirm_k < 0:
             raise ValueError(f"confirm_k = {self.confirm_k}: must be >= 0 (0 = no confirmation)")
         if self.new_tokens is not None and self.new_tokens < 1:
