@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tuner.records import TrialRecord
 from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
 from tuner.session import open_session
-from tuner.stages.confirm import Confirmation, candidate_of, confirm
+from tuner.stages.confirm import Confirmation, candidate_of, confirm, spread
 from tuner.stages.front import fastest_feasible, study_records
 from tuner.stages.trial import BaselineStats
 
@@ -196,3 +197,21 @@ def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Pa
     pruned = second
     with pytest.raises(ValueError, match="accuracy"):
         dataclasses.replace(pruned, accuracy="bogus")
+
+
+@pytest.mark.parametrize("n", range(0, 13))
+@pytest.mark.parametrize("k", [1, 2, 3, 6])
+def test_spread_takes_the_fastest_and_the_slowest_evenly_and_nothing_twice(n: int, k: int) -> None:
+    """The calibration's scored schedules: up to ``k`` distinct front members (fastest first), the
+    fastest always, the slowest too when two or more are taken, gaps between picks differing by at
+    most one position."""
+    front = list(range(n))  # fastest first
+    picks = spread(front, k)
+    assert picks == sorted(set(picks)), picks
+    assert len(picks) == min(n, k)
+    if n:
+        assert picks[0] == 0
+    if n and k >= 2:
+        assert picks[-1] == n - 1
+    gaps = [b - a for a, b in itertools.pairwise(picks)]
+    assert not gaps or max(gaps) - min(gaps) <= 1, gaps

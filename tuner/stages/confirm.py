@@ -19,8 +19,9 @@ The stage returns a :class:`Confirmation`; it writes nothing. The session stores
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import TrialState
@@ -32,6 +33,8 @@ from tuner.records import TrialRecord
 from tuner.stages.front import feasible_front
 from tuner.stages.trial import TrialRunner
 from tuner.stats import Estimate
+
+T = TypeVar("T")
 
 STATUSES = ("confirmed", "failed", "skipped", "scored")
 CONFIRMATION_ATTR = "confirmation"
@@ -205,7 +208,7 @@ def candidate_of(r: TrialRecord, status: str, loss: Estimate | None, reason: str
     return CandidateResult(r.number, r.schedule.percentiles, speedup, search_loss, status, loss, reason)
 
 
-def spread(front: list[TrialRecord], k: int) -> list[TrialRecord]:
+def spread(front: Sequence[T], k: int) -> list[T]:
     """Up to ``k`` records of ``front`` (fastest first) spread evenly over it, the fastest included:
     the calibration learns most from schedules that span the range of drift."""
     if len(front) <= k:
