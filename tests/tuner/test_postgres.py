@@ -182,9 +182,14 @@ def test_killed_worker_trial_is_retried(tiny_folder: Path, tmp_path: Path, pg_ur
     assert len(finished) == n_warm_starts()  # every warm start, the killed one's retry among them
     assert trials[killed[0]].state == TrialState.FAIL  # its heartbeat went stale
     retried = [t for t in finished if t.system_attrs.get("failed_trial") == killed[0]]
-    # a trial killed before it asked for its (queued) parameters holds them only as fixed params
-    victim_params = trials[killed[0]].params or trials[killed[0]].system_attrs.get("fixed_params")
-    assert len(retried) == 1 and retried[0].params == victim_params
+    assert len(retried) == 1
+    victim = trials[killed[0]]
+    # the kill may land between two of its suggestions: whatever it had drawn, the retry draws alike
+    assert victim.params.items() <= retried[0].params.items(), (victim.params, retried[0].params)
+    # a queued (warm start) trial is retried with all of its queued parameters
+    fixed = victim.system_attrs.get("fixed_params")
+    if fixed:
+        assert retried[0].params == fixed
 
 
 def test_ctrl_c_then_rerun_resumes(tiny_folder: Path, tmp_path: Path, pg_url: str) -> None:
