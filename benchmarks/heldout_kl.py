@@ -52,8 +52,8 @@ import torch
 from lazyllm import LazyLLM, Schedule, load_model
 from tuner.evaluation import Evaluator
 from tuner.fidelity import ExampleDrift, FidelityEvaluator
+from tuner.handmade import families
 from tuner.settings import EvalSettings
-from tuner.stages.heldout import families
 from tuner.stats import estimate, macro_weights, paired_estimate
 
 LEVEL = 0.9
@@ -61,7 +61,7 @@ LEVEL = 0.9
 
 def row_schedules(heldout: dict[str, Any], recommended: Schedule) -> dict[str, Schedule]:
     """Each ``heldout.json`` row's schedule by label: the recommendation, and the hand-made picks rebuilt
-    by name from :func:`tuner.stages.heldout.families` (the study's revival), checked against the
+    by name from :func:`tuner.handmade.families` (the study's revival), checked against the
     percentiles the row recorded."""
     revival = str(recommended.revival)
     grids = families(recommended.model, recommended.num_layers, revival)
