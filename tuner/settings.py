@@ -203,7 +203,8 @@ class SearchSettings(EvalSettings):
         default=6,
         metadata=_help(
             "feasible front schedules scored on the task before recommending (a fidelity search: the "
-            "calibration's points; a score search: the candidates raced)"
+            "calibration's points; a score search: the candidates raced, each already within budget "
+            "on its own bound, so the fastest is confirmed)"
         ),
     )
     timing_rounds: int = _timing_rounds()

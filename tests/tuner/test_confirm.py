@@ -66,6 +66,12 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     assert all("confirmation" in r and "accuracy_loss_upper" in r for r in rows)
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
     assert study.user_attrs["confirmation"] == data and data["complete_trials"] == 3
+    # a score search's feasibility is the race's own bound: the fastest feasible record is confirmed
+    # on the evidence it already has, so a larger k gives no candidate another draw
+    records = study_records(study)
+    fastest = fastest_feasible(records, StudyOutcome.from_study(study).search_loss)
+    assert fastest is not None and data["recommended_trial"] == fastest.number
+    assert fastest.loss is not None and data["candidates"][0]["task_loss"]["upper"] == fastest.loss.upper
     assert [r["trial"] for r in rows if r["recommended"]] == [data["recommended_trial"]]
 
     # the same study against a baseline that scored perfectly: every candidate loses 100 points

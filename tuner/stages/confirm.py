@@ -11,6 +11,9 @@ a paired bootstrap interval against the baseline. Racing:
 * a candidate stops early (**failed**) once its loss cannot meet the budget even if every remaining
   example scored perfectly; one that runs to the end over budget is **failed** too;
 * a record of an ``accuracy="score"`` study already scored on every validation example is not re-run.
+  Its feasibility already is that same bound, so in a score search the fastest feasible front record
+  is confirmed and ``k`` only matters for records that cover fewer examples (older studies): racing
+  more candidates gives none of them another draw.
 
 The stage returns a :class:`Confirmation`; it writes nothing. The session stores it in the study
 (user attr ``"confirmation"``, so ``tuner.export`` finds the same pick later) and the report writes
