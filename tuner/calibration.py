@@ -25,9 +25,15 @@ more than the largest KL among the scored schedules: the linear relation is not 
 the evidence. When the slope is not positive on the evidence (pruning never cost task score on these
 examples) the bound is that largest scored KL.
 
+**Two levels.** The bound that decides the recommendation is taken at the study's ``decision_level``
+(``benchmarks/decision_rule.py`` measures that rule's error rates); the same bootstrap also gives the
+slope's bound at the study's ``confidence``, so the report says whether the recommendation is
+certified at that level too (``b_up(confidence) * K`` within ``B``), not only chosen at the lower one.
+
 **Power.** When a schedule's point prediction ``b * K`` is within budget but its bound is not, the
 data cannot certify it; with the standard error shrinking as ``1/sqrt(n)``, about
-``n * ((b_up - b) * K / (B - b * K))^2`` examples would.
+``n * ((b_up - b) * K / (B - b * K))^2`` examples would (``b * K`` taken as 0 when it is negative:
+a predicted gain is no evidence of one).
 """
 
 from __future__ import annotations
@@ -73,6 +79,9 @@ class Calibration:
         trials: the scored schedules' trial numbers.
         max_scored_kl: the largest mean KL among them (nats).
         points: per scored schedule, ``(trial, mean KL, mean task loss)``.
+        confidence: the study's ``--confidence``, a second level reported beside ``level`` (None in
+            calibrations stored before it was recorded).
+        slope_upper_confidence: the slope's one-sided upper bound at ``confidence``.
     """
 
     slope: float
@@ -82,6 +91,15 @@ class Calibration:
     trials: tuple[int, ...]
     max_scored_kl: float
     points: tuple[tuple[int, float, float], ...]
+    confidence: float | None = None
+    slope_upper_confidence: float | None = None
+
+    def __post_init__(self) -> None:
+        check_level(self.level)
+        if (self.confidence is None) != (self.slope_upper_confidence is None):
+            raise ValueError("confidence and slope_upper_confidence: give both or neither")
+        if self.confidence is not None:
+            check_level(self.confidence)
 
     def max_kl(self, budget: float) -> float:
         """The largest mean KL (nats) whose predicted task loss bound is within ``budget`` points."""
@@ -109,9 +127,23 @@ class Calibration:
             f"points per nat), so it certifies nothing past the largest scored KL ({self.max_scored_kl:.4f} nats)"
         )
 
-    def examples_to_certify(self, kl: float, budget: float) -> int | None:
-        """How many examples would certify a schedule at ``kl`` (None: its estimate is over budget)."""
+    def upper_at_confidence(self, kl: float) -> float | None:
+        """The task-loss bound (points) of a schedule with mean KL ``kl`` at ``confidence`` (None when
+        not recorded); a negative bound is reported as 0, since it is no evidence of a gain."""
+        if self.slope_upper_confidence is None:
+            return None
+        return max(self.slope_upper_confidence * kl, 0.0)
+
+    def examples_to_certify(self, kl: float, budget: float, *, at_confidence: bool = False) -> int | None:
+        """How many examples would certify a schedule at ``kl`` (None: its estimate is over budget), at
+        ``level``, or at ``confidence`` with ``at_confidence`` (None too when that was not recorded)."""
         estimate, upper = self.predicted(kl)
+        if at_confidence:
+            bound = self.upper_at_confidence(kl)
+            if bound is None:
+                return None
+            upper = bound
+        estimate = max(estimate, 0.0)  # a predicted gain is no evidence of one
         if estimate >= budget:
             return None
         if upper <= budget:
@@ -127,6 +159,8 @@ class Calibration:
             "trials": list(self.trials),
             "max_scored_kl": self.max_scored_kl,
             "points": [list(p) for p in self.points],
+            "confidence": self.confidence,
+            "slope_upper_confidence": self.slope_upper_confidence,
         }
 
     @classmethod
@@ -139,6 +173,10 @@ class Calibration:
             trials=tuple(int(t) for t in data["trials"]),
             max_scored_kl=float(data["max_scored_kl"]),
             points=tuple((int(p[0]), float(p[1]), float(p[2])) for p in data["points"]),
+            confidence=None if data.get("confidence") is None else float(data["confidence"]),
+            slope_upper_confidence=(
+                None if data.get("slope_upper_confidence") is None else float(data["slope_upper_confidence"])
+            ),
         )
 
 
@@ -147,11 +185,15 @@ def fit(
     weights: Mapping[str, float],
     *,
     level: float,
+    confidence: float | None = None,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
 ) -> Calibration | None:
-    """The pooled slope of ``scored`` (None when no scored schedule drifted at all)."""
+    """The pooled slope of ``scored`` with its bound at ``level`` and, given ``confidence``, at that
+    level too, from the same bootstrap (None when no scored schedule drifted at all)."""
     check_level(level)
+    if confidence is not None:
+        check_level(confidence)
     if not scored:
         return None
     keys = sorted(set.intersection(*(set(s.kl) for s in scored)))
@@ -178,4 +220,6 @@ def fit(
         trials=tuple(s.trial for s in scored),
         max_scored_kl=float(kl_means.max()),
         points=tuple((s.trial, float(k), float(t)) for s, k, t in zip(scored, kl_means, tl_means)),
+        confidence=confidence,
+        slope_upper_confidence=None if confidence is None else float(np.quantile(slopes, confidence)),
     )

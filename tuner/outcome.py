@@ -140,6 +140,15 @@ class StudyOutcome:
                     "budget": self.confirmation.budget,
                     "n_examples": self.confirmation.n_examples,
                 }
+                cal = self.confirmation.calibration
+                upper = None if cal is None else cal.upper_at_confidence(record.values[1])
+                if cal is not None and upper is not None:
+                    # chosen on the bound at cal.level; is it certified at the study's confidence too?
+                    meta["confirmation"] |= {
+                        "decision_level": cal.level,
+                        "predicted_task_loss_upper": upper,
+                        "certified_at_level": upper <= self.confirmation.budget,
+                    }
             if self.decision:
                 meta["decision"] = self.decision
         return Schedule.from_dict(record.schedule.to_dict() | {"metadata": meta})

@@ -16,7 +16,9 @@ module uses ``MlflowClient`` with explicit run ids only, safe in any worker.
   :func:`end_open_runs` ends it KILLED on Ctrl-C and FAILED on an error. Its metrics count trials
   (``finished_trials`` = COMPLETE + PRUNED, what ``n_trials`` counts; ``complete_trials``,
   ``pruned_trials``, ``failed_trials``, the target ``n_trials``) and name the recommendation
-  (``recommended.speedup``, ``recommended.accuracy_loss``, ``recommended.trial``).
+  (``recommended.speedup``, ``recommended.accuracy_loss``, ``recommended.trial``; for a pick of the
+  pooled calibration also ``recommended.predicted_task_loss_upper``, its task-loss bound at
+  ``--confidence``, and ``recommended.certified_at_confidence``, 1 when that bound is within budget).
 * **Child run** per trial that ran (run name ``trial-<n>``, tag ``mlflow.parentRunId``), with the
   trial's real start and end time: params (the trial's search-space parameters, search space,
   sampler, seed, model, task, truncation, ``speedup_kind``), metrics (``speedup``,
@@ -315,6 +317,13 @@ class Tracker:
                 "recommended.trial": best.number,
                 "recommended.provisional": float(outcome.provisional),
             }
+            conf = outcome.confirmation
+            cal = None if conf is None else conf.calibration
+            upper = None if cal is None else cal.upper_at_confidence(best.values[1])
+            if conf is not None and upper is not None and not outcome.provisional:
+                # the pooled calibration's bound at --confidence: certified there, or only at the decision level
+                headline["recommended.predicted_task_loss_upper"] = upper
+                headline["recommended.certified_at_confidence"] = float(upper <= conf.budget)
             self.client.log_batch(
                 self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in headline.items()]
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.calibration import ScoredSchedule, fit
+from tuner.calibration import Calibration, ScoredSchedule, fit
 from tuner.stats import macro_weights
 
 
@@ -69,3 +69,36 @@ def test_the_largest_scored_schedule_is_covered_whatever_order_its_mean_was_summ
     assert cal.covers(top) and cal.covers(float(np.nextafter(np.nextafter(top, 1.0), 1.0)))
     assert not cal.covers(top * 1.001)  # past the evidence is still past it
     assert cal.covers(0.0)
+
+
+def test_the_bound_at_the_confidence_comes_from_the_same_bootstrap_and_is_stored() -> None:
+    """The recommendation is chosen at --decision-level (0.6) and reported at --confidence (0.9) too."""
+    scored, weights = _simulate(8.0, 13, [0.05, 0.1, 0.2], noise=10.0, seed=4)
+    low = fit(scored, weights, level=0.6)
+    cal = fit(scored, weights, level=0.6, confidence=0.9)
+    assert low is not None and cal is not None and low.slope_upper_confidence is None
+    assert cal.slope_upper == low.slope_upper  # the deciding bound does not move
+    assert cal.confidence == 0.9 and cal.slope_upper_confidence is not None
+    assert cal.slope_upper_confidence > cal.slope_upper  # a higher quantile of the same resamples
+    at90 = fit(scored, weights, level=0.9)
+    assert at90 is not None and cal.slope_upper_confidence == pytest.approx(at90.slope_upper)
+    assert cal.upper_at_confidence(0.1) == pytest.approx(cal.slope_upper_confidence * 0.1)
+    assert (
+        low.upper_at_confidence(0.1) is None and low.examples_to_certify(0.1, 1.0, at_confidence=True) is None
+    )
+    assert Calibration.from_dict(cal.to_dict()) == cal
+    old = {k: v for k, v in cal.to_dict().items() if k not in ("confidence", "slope_upper_confidence")}
+    assert Calibration.from_dict(old) == low  # a calibration stored before the second level loads
+    with pytest.raises(ValueError, match="both or neither"):
+        Calibration(8.0, 10.0, 0.6, 13, (1,), 0.2, ((1, 0.2, 1.6),), confidence=0.9)
+
+
+def test_a_measured_gain_is_no_evidence_of_one() -> None:
+    """Seed 1 of the default study: slope -4.9 at 0.6 (bound -2.4), 7.7 at 0.9; trial 41 at KL 0.299."""
+    cal = Calibration(-4.94, -2.43, 0.6, 13, (41,), 0.299, ((41, 0.299, -1.29),), 0.9, 7.71)
+    assert cal.upper_at_confidence(0.299) == pytest.approx(2.305, abs=1e-3)
+    # the estimate -1.48 counts as 0: 13 * (2.305 / 2)^2 = 17.3 -> 18 examples, not 13 * (3.78 / 3.48)^2
+    assert cal.examples_to_certify(0.299, 2.0, at_confidence=True) == 18
+    assert cal.examples_to_certify(0.299, 2.0) == 13  # at the decision level it is certified
+    negative = Calibration(-4.94, -2.43, 0.6, 13, (41,), 0.299, ((41, 0.299, -1.29),), 0.9, -1.0)
+    assert negative.upper_at_confidence(0.299) == 0.0  # no cost even at 90%, not a gain

@@ -18,11 +18,15 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from lazyllm.schedule import Schedule
-from tests.support import assert_evaluated_once, longbench_dir, n_warm_starts, wait_for_http
+from tests.support import assert_evaluated_once, hand_record, longbench_dir, n_warm_starts, wait_for_http
 from tuner import export as export_cli
+from tuner.calibration import Calibration
+from tuner.losses import FidelityLoss
 from tuner.outcome import StudyOutcome
 from tuner.search import main
 from tuner.settings import SearchSettings
+from tuner.stages.confirm import CandidateResult, Confirmation
+from tuner.stats import Estimate
 from tuner.tracking import EXPERIMENT, Tracker, end_open_runs, trial_counts
 from tuner.workers import DuplicateSchedule, never_ran
 
@@ -221,6 +225,33 @@ def test_refused_duplicates_get_no_run_and_runs_span_their_trials(tmp_path: Path
             _ms(trial, "datetime_start"),
             _ms(trial, "datetime_complete"),
         )
+
+
+def test_the_recommendation_says_in_mlflow_and_its_file_whether_it_is_certified_at_the_confidence(
+    tmp_path: Path,
+) -> None:
+    """Chosen on the calibration's 60% bound (10 points per nat: 1.0 at KL 0.1), the recommendation is
+    reported at --confidence 90% too (25 points per nat: 2.5 > the 2-point budget)."""
+    settings, study, uri = _toy(tmp_path)
+    tracker = Tracker(uri, settings, study)
+    records = (
+        hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
+        hand_record(1, 1.5, 0.1, (0.0, 30.0, 0.0, 0.0)),
+    )
+    est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
+    rec = CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.5, 0.1, "confirmed", est, "why")
+    for at_90, certified in ((25.0, False), (15.0, True)):
+        cal = Calibration(4.0, 10.0, 0.6, 13, (1,), 0.1, ((1, 0.1, 0.4),), 0.9, at_90)
+        conf = Confirmation(2.0, 0.9, (rec,), 13, 2, "pooled", cal)
+        outcome = StudyOutcome("toy", settings.study_identity(), FidelityLoss(0.6), 2.0, records, conf)
+        meta = outcome.schedule_of(records[1]).metadata["confirmation"]
+        assert meta["predicted_task_loss_upper"] == pytest.approx(at_90 * 0.1) and meta["level"] == 0.9
+        assert meta["certified_at_level"] is certified and meta["decision_level"] == 0.6
+        assert "predicted_task_loss_upper" not in outcome.schedule_of(records[0]).metadata  # not the pick
+    tracker.end_study(outcome, files=[])
+    metrics = tracker.client.get_run(tracker.parent_id).data.metrics
+    assert metrics["recommended.trial"] == 1 and metrics["recommended.certified_at_confidence"] == 1.0
+    assert metrics["recommended.predicted_task_loss_upper"] == pytest.approx(1.5)
 
 
 def test_passwords_never_reach_mlflow_or_study_attrs(tmp_path: Path) -> None:

@@ -243,7 +243,9 @@ def confirm_pooled(
         scored.append(ScoredSchedule(r.number, r.per_example, task))
         direct[r.number] = loss_estimate(results, runner.baseline.results, level=level)
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
-    calibration = fit(scored, runner.weights, level=runner.settings.decision_level)
+    calibration = fit(
+        scored, runner.weights, level=runner.settings.decision_level, confidence=runner.settings.confidence
+    )
     out: list[CandidateResult] = []
     picked: TrialRecord | None = None
     for r in front:  # fastest first

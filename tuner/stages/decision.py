@@ -10,6 +10,11 @@
 * **time**: the recommendation is the fastest schedule the study completed; the paragraph says how
   many trials fit the timeout at this model's measured cost per trial, and the ``--timeout`` that would
   fit ``--n-trials``.
+
+Whatever decided, a recommendation certified by the pooled calibration also gets one sentence on its
+own certainty: it was chosen on the bound at ``--decision-level``; the sentence says whether the bound
+at ``--confidence`` is within the budget too, and if not, how many validation examples would make it
+so (the power statement of :meth:`tuner.calibration.Calibration.examples_to_certify`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
+from tuner.calibration import Calibration
 from tuner.outcome import StudyOutcome
 
 
@@ -55,6 +61,31 @@ class TrialTiming:
         return f"{text}; --n-trials {self.n_trials} needs about --timeout {self.n_trials * per:.0f}."
 
 
+def certainty(kl: float, calibration: Calibration, budget: float) -> str:
+    """One sentence on a recommendation at mean KL ``kl`` chosen by ``calibration``: is it certified at
+    the study's ``confidence`` as well as at the decision level (empty when that was not recorded)?"""
+    upper = calibration.upper_at_confidence(kl)
+    if calibration.confidence is None or upper is None or kl <= 0:
+        return ""
+    at = f"--confidence {calibration.confidence:.0%}"
+    if upper <= budget:
+        return (
+            f"At {at} the recommendation is certified too: its predicted task loss is at most {upper:.2f} "
+            f"score points (n={calibration.n_examples}). "
+        )
+    need = calibration.examples_to_certify(kl, budget, at_confidence=True)
+    more = (
+        f"about {need} validation examples (now {calibration.n_examples}) would certify it"
+        if need is not None
+        else "no number of examples would, as its predicted loss is over the budget"
+    )
+    return (
+        f"The recommendation is within the {budget:g}-point budget at the decision level ({calibration.level:.0%}, "
+        f"--decision-level) but not certified at {at}: its predicted task loss could reach {upper:.2f} score "
+        f"points; {more}. "
+    )
+
+
 def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
     """The paragraph (see the module docstring)."""
     front = outcome.front
@@ -64,7 +95,8 @@ def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
     budget = outcome.task_budget
     faster = [r for r in front if best is None or r.values[0] > best.values[0]]
     nxt = faster[-1] if faster else None  # the slowest of the faster ones: the next step up
-    done = f"{timing.finished} of {timing.n_trials} trials finished. {timing.sentence()}"
+    own = "" if best is None or calibration is None else certainty(best.values[1], calibration, budget)
+    done = f"{own}{timing.finished} of {timing.n_trials} trials finished. {timing.sentence()}"
     if best is not None and nxt is None:
         return (
             f"What decided: the search. The recommendation (trial {best.number}, {best.values[0]:.2f}x) is the "
