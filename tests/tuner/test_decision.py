@@ -110,3 +110,10 @@ def test_the_recommendation_says_whether_it_is_certified_at_the_confidence_too()
         0.299, cal, 2.0
     )
     assert certainty(0.0, cal, 2.0) == ""  # keep-all needs no certificate
+    # the run of dd5411e: other schedules scored, and even the 90% bound sees no cost (-1.5): said as such,
+    # not as "at most 0.00 points"
+    none = Calibration(-6.03, -4.75, 0.6, 13, (41,), 0.299, ((41, 0.299, -1.8),), 0.9, -1.50)
+    assert certainty(0.299, none, 2.0) == (
+        "At --confidence 90% the calibration still measures no task-score cost of KL (slope bound -1.5 points per "
+        "nat): the 13 validation examples show none, and a cost that they do not show is not bounded by them. "
+    )

@@ -65,9 +65,16 @@ def certainty(kl: float, calibration: Calibration, budget: float) -> str:
     """One sentence on a recommendation at mean KL ``kl`` chosen by ``calibration``: is it certified at
     the study's ``confidence`` as well as at the decision level (empty when that was not recorded)?"""
     upper = calibration.upper_at_confidence(kl)
-    if calibration.confidence is None or upper is None or kl <= 0:
+    slope_up = calibration.slope_upper_confidence
+    if calibration.confidence is None or upper is None or slope_up is None or kl <= 0:
         return ""
     at = f"--confidence {calibration.confidence:.0%}"
+    if slope_up <= 0:  # "at most 0 points" would claim more than n examples with no visible cost can
+        return (
+            f"At {at} the calibration still measures no task-score cost of KL (slope bound {slope_up:.1f} points "
+            f"per nat): the {calibration.n_examples} validation examples show none, and a cost that they do not "
+            f"show is not bounded by them. "
+        )
     if upper <= budget:
         return (
             f"At {at} the recommendation is certified too: its predicted task loss is at most {upper:.2f} "
