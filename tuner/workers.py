@@ -10,6 +10,10 @@ crash all end at the same count:
 * While the remaining slots are all held by running trials, a worker waits instead of starting more;
   if one of them belonged to a dead worker, its heartbeat goes stale, ``fail_stale_trials`` marks it
   FAILED and ``RetryHeartbeatStaleTrialCallback`` enqueues a copy, which the next free worker runs.
+  A worker killed between Optuna creating its trial and the trial's first heartbeat leaves a RUNNING
+  trial with no heartbeat at all, which Optuna's stale check never fails: :class:`HeartbeatlessTrials`
+  gives such a trial one heartbeat, so it goes stale and is retried like the others (without it, every
+  later run waited for that trial forever).
 * ``--n-workers K`` starts K local processes (joblib, loky backend), each loading the model once; on
   CUDA worker ``i`` takes GPU ``i % n_gpus``, on CPU the cores are split between workers. The baseline
   is computed once by the parent before the workers start; they read it from the on-disk cache.
@@ -117,6 +121,43 @@ def record_interrupt(study: optuna.Study, trial_id: int, callbacks: list[Any]) -
             print(f"after the interrupt, {type(callback).__name__} failed: {exc}")
 
 
+class HeartbeatlessTrials:
+    """RUNNING trials that may never have recorded a heartbeat, made visible to the stale check.
+
+    Optuna records a trial's first heartbeat from a thread it starts after creating the trial; a
+    worker killed in between leaves the trial RUNNING with no heartbeat row, and ``fail_stale_trials``
+    only looks at trials that have one. A trial this process has watched RUNNING for longer than the
+    grace period without ``fail_stale_trials`` failing it is either alive (beating) or heartbeatless.
+    It gets one heartbeat on its behalf through the storage's public ``record_heartbeat``: harmless
+    to a live trial, whose own thread goes on beating, and for a dead one the start of its grace
+    period, after which it is failed and retried like any dead worker's trial. The cost: a trial
+    whose worker dies *after* this process first saw it alive may be failed up to one grace period
+    later than it would have been, once. Clocks: only this process's monotonic clock and the
+    storage's own heartbeat time are compared, never two machines'.
+    """
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s  # the storage's grace period (``--heartbeat-grace``)
+        self.first_seen: dict[int, float] = {}
+        self.beaten: set[int] = set()
+
+    def check(self, study: optuna.Study, now: float) -> list[int]:
+        """Give a heartbeat to each trial watched RUNNING past the grace period; returns their ids."""
+        storage: Any = study._storage  # Optuna wraps the RDB storage; both have the heartbeat methods
+        if not getattr(storage, "get_heartbeat_interval", lambda: None)():
+            return []
+        running = {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        self.first_seen = {tid: seen for tid, seen in self.first_seen.items() if tid in running}
+        beaten = []
+        for tid in sorted(running):
+            seen = self.first_seen.setdefault(tid, now)
+            if tid not in self.beaten and now - seen > self.grace_s:
+                storage.record_heartbeat(tid)
+                self.beaten.add(tid)
+                beaten.append(tid)
+        return beaten
+
+
 class _QuietInterrupted(logging.Filter):
     """Drops Optuna's "Trial N failed ..." warnings (with the traceback) for trials cut by Ctrl-C:
     the CLI prints one line for those."""
@@ -146,6 +187,7 @@ def run_trials(
     duplicates = 0
     current: list[int] = []  # the trial id this process is running
     quiet = _QuietInterrupted()
+    heartbeatless = HeartbeatlessTrials(settings.heartbeat_grace)
     optimize_log = logging.getLogger("optuna.study._optimize")  # where Optuna logs failed trials
 
     def guarded(trial: optuna.Trial) -> Any:
@@ -166,6 +208,7 @@ def run_trials(
             optuna.storages.fail_stale_trials(
                 study
             )  # dead workers' trials -> FAILED, retried via the callback
+        heartbeatless.check(study, time.monotonic())  # ... and those that died before their first beat
         c = counts(study)
         finished = c[TrialState.COMPLETE] + c[TrialState.PRUNED]
         if finished >= settings.n_trials:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -9,6 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tuner.storage import make_storage
 from tuner.workers import MAX_CONSECUTIVE_FAILURES, SurplusTrial, counts, is_surplus, run_trials
 
 
@@ -19,7 +21,7 @@ def _study(tmp_path: Path) -> optuna.Study:
 
 
 def _settings(n_trials: int, timeout: float | None = None) -> SimpleNamespace:
-    return SimpleNamespace(n_trials=n_trials, timeout=timeout)
+    return SimpleNamespace(n_trials=n_trials, timeout=timeout, heartbeat_grace=2)
 
 
 def test_runs_exactly_n_finished_trials_and_resumes(tmp_path: Path) -> None:
@@ -95,3 +97,26 @@ def test_timeout_stops_between_trials(tmp_path: Path) -> None:
 
     assert run_trials(_settings(100, timeout=1e-9), study, objective, []) == "timeout"  # type: ignore[arg-type]
     assert len(study.trials) <= 1
+
+
+def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_retried(tmp_path: Path) -> None:
+    """Defect (CI, the chaos test): a SIGKILL between Optuna creating a trial and its heartbeat thread's
+    first beat left a RUNNING trial with no heartbeat; Optuna's stale check skips those, so every
+    later run waited for it forever."""
+    storage = make_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace=2)
+    study = optuna.create_study(storage=storage, directions=["maximize", "minimize"], study_name="w")
+    study.enqueue_trial({"x": 0.25})
+    orphan = study.ask()  # RUNNING with no heartbeat row: exactly what the killed worker left
+    assert orphan.number == 0 and study.trials[0].state == TrialState.RUNNING
+    ran: list[float] = []
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        ran.append(trial.suggest_float("x", 0, 1))
+        return ran[-1], 0.0
+
+    began = time.monotonic()
+    assert run_trials(_settings(1, timeout=30), study, objective, [], poll_s=0.2) == "done"  # type: ignore[arg-type]
+    assert time.monotonic() - began < 15  # about two grace periods, not the timeout
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL  # the orphan, failed once its heartbeat went stale
+    assert [t.state for t in trials[1:]] == [TrialState.COMPLETE] and ran == [0.25]  # its queued retry
