@@ -141,7 +141,7 @@ class StudyOutcome:
                     "n_examples": self.confirmation.n_examples,
                 }
                 cal = self.confirmation.calibration
-                upper = None if cal is None else cal.upper_at_confidence(record.values[1])
+                upper = self.confirmation.recommended_upper_at_confidence()
                 if cal is not None and upper is not None:
                     # chosen on the bound at cal.level; is it certified at the study's confidence too?
                     meta["confirmation"] |= {

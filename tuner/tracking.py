@@ -318,9 +318,8 @@ class Tracker:
                 "recommended.provisional": float(outcome.provisional),
             }
             conf = outcome.confirmation
-            cal = None if conf is None else conf.calibration
-            upper = None if cal is None else cal.upper_at_confidence(best.values[1])
-            if conf is not None and upper is not None and not outcome.provisional:
+            upper = None if conf is None else conf.recommended_upper_at_confidence()
+            if conf is not None and upper is not None:
                 # the pooled calibration's bound at --confidence: certified there, or only at the decision level
                 headline["recommended.predicted_task_loss_upper"] = upper
                 headline["recommended.certified_at_confidence"] = float(upper <= conf.budget)

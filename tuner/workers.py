@@ -141,21 +141,18 @@ class HeartbeatlessTrials:
         self.first_seen: dict[int, float] = {}
         self.beaten: set[int] = set()
 
-    def check(self, study: optuna.Study, now: float) -> list[int]:
-        """Give a heartbeat to each trial watched RUNNING past the grace period; returns their ids."""
+    def check(self, study: optuna.Study, now: float) -> None:
+        """Give a heartbeat to each trial watched RUNNING past the grace period (once per trial)."""
         storage: Any = study._storage  # Optuna wraps the RDB storage; both have the heartbeat methods
         if not getattr(storage, "get_heartbeat_interval", lambda: None)():
-            return []
+            return
         running = {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         self.first_seen = {tid: seen for tid, seen in self.first_seen.items() if tid in running}
-        beaten = []
         for tid in sorted(running):
             seen = self.first_seen.setdefault(tid, now)
             if tid not in self.beaten and now - seen > self.grace_s:
                 storage.record_heartbeat(tid)
                 self.beaten.add(tid)
-                beaten.append(tid)
-        return beaten
 
 
 class _QuietInterrupted(logging.Filter):

@@ -118,6 +118,15 @@ class Confirmation:
     def recommended(self) -> CandidateResult | None:
         return next((c for c in self.candidates if c.status == "confirmed"), None)
 
+    def recommended_upper_at_confidence(self) -> float | None:
+        """The pooled pick's predicted task-loss bound at the calibration's ``confidence`` (None for a
+        direct rule, no pick, or a calibration stored without that level); within ``budget`` means
+        certified there too, not only at the decision level."""
+        rec = self.recommended
+        if rec is None or self.calibration is None:
+            return None
+        return self.calibration.upper_at_confidence(rec.search_loss)
+
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended
         return {
