@@ -86,11 +86,11 @@ from typing import Any
 
 import numpy as np
 
-from tuner.calibration import ScoredSchedule, fit
-from tuner.losses import KL_PER_POINT
-from tuner.settings import SearchSettings
 from tuner.stages.confirm import spread
-from tuner.stats import estimate, macro_weights
+from tuner.statistics.bootstrap import estimate, macro_weights
+from tuner.statistics.calibration import ScoredSchedule, fit
+from tuner.statistics.losses import KL_PER_POINT
+from tuner.study.settings import SearchSettings
 
 Row = dict[str, Any]
 DECISION_LEVEL = SearchSettings.__dataclass_fields__["decision_level"].default

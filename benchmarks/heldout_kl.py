@@ -5,7 +5,7 @@
 The held-out stage (``heldout.json``) compares the recommendation with the best hand-made schedules
 on the test split by measured TTFT and task-score loss. With 29 test examples the task score tells
 two schedules apart only when they differ by several points; the teacher-forced KL of
-:mod:`tuner.fidelity` is the low-noise signal the search itself uses. This reads the study's
+:mod:`tuner.evaluation.fidelity` is the low-noise signal the search itself uses. This reads the study's
 ``recommended.json`` and ``heldout.json``, rebuilds the test split from the study's own settings
 (the study's cached baseline answers are reused), and reports for every row:
 
@@ -50,18 +50,18 @@ from typing import Any
 import torch
 
 from lazyllm import LazyLLM, Schedule, load_model
-from tuner.evaluation import Evaluator
-from tuner.fidelity import ExampleDrift, FidelityEvaluator
-from tuner.handmade import families
-from tuner.settings import EvalSettings
-from tuner.stats import estimate, macro_weights, paired_estimate
+from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
+from tuner.evaluation.runner import Evaluator
+from tuner.statistics.bootstrap import estimate, macro_weights, paired_estimate
+from tuner.study.handmade import families
+from tuner.study.settings import EvalSettings
 
 LEVEL = 0.9
 
 
 def row_schedules(heldout: dict[str, Any], recommended: Schedule) -> dict[str, Schedule]:
     """Each ``heldout.json`` row's schedule by label: the recommendation, and the hand-made picks rebuilt
-    by name from :func:`tuner.handmade.families` (the study's revival), checked against the
+    by name from :func:`tuner.study.handmade.families` (the study's revival), checked against the
     percentiles the row recorded."""
     revival = str(recommended.revival)
     grids = families(recommended.model, recommended.num_layers, revival)

@@ -10,7 +10,7 @@ example (``--test-score-only``: on test only the task score, what ``benchmarks/d
 replays against):
 
 * ``score``: the LongBench task-score loss (baseline score - pruned score, points), free-running;
-* ``kl``: teacher-forced mean KL(unpruned || pruned) per answer token (:mod:`tuner.fidelity`);
+* ``kl``: teacher-forced mean KL(unpruned || pruned) per answer token (:mod:`tuner.evaluation.fidelity`);
 * ``1-top1``: teacher-forced top-1 disagreement;
 * ``gold``: change in gold-answer log-likelihood per token;
 
@@ -44,10 +44,10 @@ import torch
 
 from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.flops import ModelDims, flop_speedup
-from tuner.evaluation import Evaluator, _run, _score
-from tuner.fidelity import FidelityEvaluator
-from tuner.settings import EvalSettings
-from tuner.stats import estimate, macro_weights, spearman
+from tuner.evaluation.fidelity import FidelityEvaluator
+from tuner.evaluation.runner import Evaluator, _run, _score
+from tuner.statistics.bootstrap import estimate, macro_weights, spearman
+from tuner.study.settings import EvalSettings
 
 SIGNALS = ("score", "kl", "1-top1", "gold")
 

@@ -24,7 +24,7 @@ import torch
 
 from lazyllm import LazyLLM, ModelDims, Schedule, flop_speedup, load_model
 from lazyllm.timing import paired_ratio, timed
-from tuner.speed import min_ratio
+from tuner.evaluation.speed import min_ratio
 
 
 def schedules(name: str, layers: int) -> dict[str, Schedule]:

@@ -20,12 +20,12 @@ from pathlib import Path
 import optuna
 
 from lazyllm.models import load_model
-from tuner.evaluation import Evaluator
-from tuner.samplers import make_sampler
-from tuner.settings import SearchSettings
-from tuner.spaces import load_space
+from tuner.evaluation.runner import Evaluator
 from tuner.stages.trial import BaselineStats, TrialRunner
-from tuner.storage import warm_start
+from tuner.study.samplers import make_sampler
+from tuner.study.settings import SearchSettings
+from tuner.study.spaces import load_space
+from tuner.study.storage import warm_start
 
 
 def hypervolume(points: list[tuple[float, float]], ref_speedup: float, ref_loss: float) -> float:

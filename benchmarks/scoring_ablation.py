@@ -14,13 +14,13 @@ reaches the target while keeping the most tokens. Revival is ``frozen`` (the stu
 
 Per example of the LongBench QA group (English), on the validation and the test split:
 
-* fidelity, teacher-forced along the unpruned greedy answer (:mod:`tuner.fidelity`): mean KL(unpruned
+* fidelity, teacher-forced along the unpruned greedy answer (:mod:`tuner.evaluation.fidelity`): mean KL(unpruned
   || pruned) per answer token in nats, and top-1 agreement;
 * task loss: the unpruned model's LongBench score minus the pruned model's (points, free-running).
 
 Reported per split and target: each cell's macro mean with its bootstrap interval
-(:func:`tuner.stats.estimate`, datasets weighted equally), and the paired differences (same examples,
-:func:`tuner.stats.paired_estimate`) of rule B vs rule A within each structure and of gradual vs
+(:func:`tuner.statistics.bootstrap.estimate`, datasets weighted equally), and the paired differences (same examples,
+:func:`tuner.statistics.bootstrap.paired_estimate`) of rule B vs rule A within each structure and of gradual vs
 one-stage within each rule. Results go to ``<out>/ablation.md`` and ``<out>/rows.json`` (written once
 at the end; a rerun recomputes everything).
 """
@@ -39,10 +39,10 @@ import torch
 from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.scoring import Scoring
-from tuner.evaluation import Evaluator, _run, _score
-from tuner.fidelity import FidelityEvaluator
-from tuner.settings import EvalSettings
-from tuner.stats import Estimate, estimate, macro_weights, paired_estimate
+from tuner.evaluation.fidelity import FidelityEvaluator
+from tuner.evaluation.runner import Evaluator, _run, _score
+from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, paired_estimate
+from tuner.study.settings import EvalSettings
 
 STRUCTURES = ("one-stage", "gradual")
 SIGNALS = {"kl": "KL (nats)", "top1": "top-1 agreement", "loss": "task loss (points)"}

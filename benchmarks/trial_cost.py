@@ -3,7 +3,7 @@
     python benchmarks/trial_cost.py [--model smollm2-135m] [--max-prompt-tokens 1024] [--data-dir DIR]
 
 A trial of the default study (``--accuracy fidelity``, ``frozen`` revival) teacher-forces every
-validation example through the pruned model (:mod:`tuner.fidelity`). With ``frozen`` revival the
+validation example through the pruned model (:mod:`tuner.evaluation.fidelity`). With ``frozen`` revival the
 decoding steps prune nothing, so :meth:`lazyllm.engine.LazyLLM.forced_logits` runs all forced
 tokens after the prefill as one pass; before, it walked the layers once per answer token. And with
 the unpruned prefill of each prompt kept (:meth:`~lazyllm.engine.LazyLLM.capture_prefix`, once per
@@ -39,9 +39,9 @@ import torch
 
 from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.flops import ModelDims, flop_speedup
-from tuner.evaluation import Evaluator
-from tuner.fidelity import FidelityEvaluator, drift
-from tuner.settings import EvalSettings
+from tuner.evaluation.fidelity import FidelityEvaluator, drift
+from tuner.evaluation.runner import Evaluator
+from tuner.study.settings import EvalSettings
 
 
 def grid(model: str, layers: int) -> dict[str, Schedule]:

@@ -99,7 +99,7 @@ def longbench_dir() -> str:
 def n_warm_starts(num_layers: int = 4) -> int:
     """How many warm starts the packaged ``stages`` space queues for a ``num_layers``-layer model (the
     tiny test checkpoint has 4): a study of that many trials runs them all and leaves none waiting."""
-    from tuner.spaces import load_space
+    from tuner.study.spaces import load_space
 
     return len(load_space("stages").warm_start(num_layers))
 
@@ -108,7 +108,7 @@ def assert_evaluated_once(trials: list[Any]) -> None:
     """No schedule was evaluated twice when it could have been known: a finished trial whose schedule
     an earlier one already had must have started before that trial finished (workers racing on the
     same schedule cannot know); a later proposal of it is refused and never evaluated."""
-    from tuner.records import TrialRecord, schedule_key
+    from tuner.study.records import TrialRecord, schedule_key
 
     first: dict[str, Any] = {}
     for t in sorted(trials, key=lambda t: t.number):
@@ -157,10 +157,10 @@ def hand_record(
     accuracy: str = "fidelity",
     revival: str = "frozen",
 ) -> Any:
-    """A complete :class:`~tuner.records.TrialRecord` built by hand (4-layer model ``tiny``)."""
+    """A complete :class:`~tuner.study.records.TrialRecord` built by hand (4-layer model ``tiny``)."""
     from lazyllm.schedule import Schedule
-    from tuner.records import TrialRecord
-    from tuner.stats import Estimate
+    from tuner.statistics.bootstrap import Estimate
+    from tuner.study.records import TrialRecord
 
     upper = loss + 0.01 if upper is None else upper
     est = Estimate(value=loss, se=0.01, low=loss - 0.02, high=upper, upper=upper, level=0.9, n=4)

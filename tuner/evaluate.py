@@ -6,10 +6,10 @@
 Table 1: score per category (macro average of its datasets' LongBench scores) and measured TTFT
 speedup, per method. Table 2: share of prompt (token, layer) pairs computed and measured generation
 (total time) speedup. Both with sample counts. Table 3: each method's accuracy loss with its paired
-bootstrap interval (:func:`tuner.evaluation.loss_estimate`, the one bootstrap of :mod:`tuner.stats`).
+bootstrap interval (:func:`tuner.evaluation.runner.loss_estimate`, the one bootstrap of :mod:`tuner.statistics.bootstrap`).
 
-Speedups are measured as the search measures them (:mod:`tuner.speed`, see
-:meth:`tuner.evaluation.Evaluator.measure_speed`): per category, on its example of median prompt
+Speedups are measured as the search measures them (:mod:`tuner.evaluation.speed`, see
+:meth:`tuner.evaluation.runner.Evaluator.measure_speed`): per category, on its example of median prompt
 length, ``--timing-rounds`` interleaved rounds, minimum per side, on ``--timing-clock`` (``auto``: the
 CPU thread clock on a CPU); the report names the clock and the rounds.
 
@@ -17,7 +17,7 @@ Written as markdown, CSV and PNG under ``--output``, with per-example JSONL and 
 ``outputs/evaluate/<model>-<task>-<split>``, so evaluations of different tasks never overwrite each other.
 
 Method knobs: ``--method-options gemfilter.k=0.3,tsp.layer=14`` (validated before the model loads).
-``--match-speedup`` adds the peers at the schedule's speedup and loss (:mod:`tuner.matched`):
+``--match-speedup`` adds the peers at the schedule's speedup and loss (:mod:`tuner.evaluation.matched`):
 ``matched.md``, ``matched.csv``, ``matched.png``.
 """
 
@@ -37,13 +37,13 @@ from lazyllm.methods import Generator, make_method, peer_names
 from lazyllm.methods import method as method_spec
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
-from tuner import matched
-from tuner.evaluation import Evaluator, Example, ExampleResult, MethodSpeed, summarize, write_results
-from tuner.longbench import DATASETS
-from tuner.metrics import task_score
-from tuner.preflight import check_evaluate
+from tuner.data.longbench import DATASETS
+from tuner.data.metrics import task_score
+from tuner.evaluation import matched
+from tuner.evaluation.runner import Evaluator, Example, ExampleResult, MethodSpeed, summarize, write_results
 from tuner.redact import redact_text
-from tuner.settings import EvaluateSettings, add_flags, settings_from_flags
+from tuner.study.preflight import check_evaluate
+from tuner.study.settings import EvaluateSettings, add_flags, settings_from_flags
 
 COMPUTE_MATCHED = frozenset({"random", "static", "compression"})
 """Baselines built to compute what the schedule computes (:mod:`lazyllm.methods`): the FLOP model
@@ -128,7 +128,7 @@ def timing_note(rows: list[dict[str, Any]]) -> str:
     rounds = sorted({int(r["timing_rounds"]) for r in timed})
     span = str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}"
     return (
-        f"speedups measured by tuner.speed: clock {clocks}, {span} interleaved rounds per side (minimum "
+        f"speedups measured by tuner.evaluation.speed: clock {clocks}, {span} interleaved rounds per side (minimum "
         "per side), on each category's example of median prompt length; the baseline is 1 by definition"
     )
 
@@ -190,7 +190,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.scatter(r["ttft_speedup"], r["score"], s=60)
         ax.annotate(r["method"], (r["ttft_speedup"], r["score"]), textcoords="offset points", xytext=(5, 5))
     clocks = ", ".join(sorted({r["timing_clock"] for r in rows if r["timing_clock"]})) or "-"
-    ax.set_xlabel(f"measured TTFT speedup (x, tuner.speed, clock {clocks})")
+    ax.set_xlabel(f"measured TTFT speedup (x, tuner.evaluation.speed, clock {clocks})")
     ax.set_ylabel("score (macro over datasets)")
     ax.set_title("methods on all datasets of the task")
     ax.grid(alpha=0.3)

@@ -9,7 +9,7 @@ The first re-exports the Pareto front, ``recommended.json`` and the plots from a
 (same pick rule as tuner.search: the fastest trial within the loss budget); the second downloads the
 ``schedule.json`` a trial's MLflow run holds and writes it to ``--out``. ``--register`` makes the
 recommended schedule (or the run's) a new version of registered model MODEL, with its metrics and
-provenance as tags (:mod:`tuner.registry`); ``--alias`` also points that alias at it. Load it with
+provenance as tags (:mod:`tuner.tracking.registry`); ``--alias`` also points that alias at it. Load it with
 ``Schedule.from_mlflow("models:/MODEL@champion")``.
 
 It only reads what exists: a missing SQLite file or MLflow store is an error, never created.
@@ -28,12 +28,12 @@ import optuna
 
 from lazyllm.cli import cli_main
 from lazyllm.schedule import Schedule
-from tuner.outcome import StudyOutcome
-from tuner.preflight import check_budget, check_tracking
 from tuner.redact import redact_text, redact_url
 from tuner.report.files import write_outcome
-from tuner.settings import SearchSettings, add_flags
-from tuner.stores import sqlite_path
+from tuner.study.outcome import StudyOutcome
+from tuner.study.preflight import check_budget, check_tracking
+from tuner.study.settings import SearchSettings, add_flags
+from tuner.study.stores import sqlite_path
 
 
 def load_existing_study(name: str, storage: str) -> optuna.Study:
@@ -90,7 +90,7 @@ def _client(uri: str) -> Any:
 
 
 def _from_run(args: argparse.Namespace) -> int:
-    from tuner.registry import register_schedule
+    from tuner.tracking.registry import register_schedule
 
     if args.out is None and args.register is None:
         raise ValueError("--mlflow-run needs --out FILE.json or --register NAME")
@@ -120,7 +120,7 @@ _EXPORT_HELP = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The study flags come from the settings fields (:func:`tuner.settings.add_flags`), so a flag
+    """The study flags come from the settings fields (:func:`tuner.study.settings.add_flags`), so a flag
     means, parses and validates the same here as in ``tuner.search``."""
     p = argparse.ArgumentParser(prog="python -m tuner.export", description=(__doc__ or "").split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
@@ -145,7 +145,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.alias and not args.register:
         raise ValueError("--alias needs --register NAME")
     if args.register:
-        from tuner.registry import check_name
+        from tuner.tracking.registry import check_name
 
         check_name(args.register, args.alias)
     check_budget(args.max_accuracy_loss)
@@ -171,7 +171,7 @@ def _export(args: argparse.Namespace) -> int:
     )
     print(f"{len(outcome.front)} Pareto schedules in {out}/pareto/; recommended: {state}")
     if args.register:
-        from tuner.registry import register_trial
+        from tuner.tracking.registry import register_trial
 
         if best is None:
             raise ValueError(f"no trial within the loss budget {budget}: nothing to register")

@@ -9,7 +9,7 @@ recommendation on the test split against the best of a few hand-made paper-style
 Settings: dataclass defaults -> ``--preset`` YAML (``studies/*.yaml``) -> flags. Rerunning the same
 command resumes the study (it stops once the study holds ``--n-trials`` finished trials).
 
-This module only parses and dispatches: the run is :func:`tuner.session.run_study`.
+This module only parses and dispatches: the run is :func:`tuner.study.session.run_study`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from lazyllm.cli import USER_ERRORS, cli_main, one_line
 from tuner.redact import redact_text
-from tuner.settings import EvalSettings, SearchSettings, add_flags, settings_from_flags
+from tuner.study.settings import EvalSettings, SearchSettings, add_flags, settings_from_flags
 
 RESUME_HINT = "interrupted: finished trials are saved; rerun the same command to resume"
 
@@ -74,8 +74,8 @@ def _quiet_interrupts() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     def run(args: argparse.Namespace) -> int:
-        from tuner.session import run_study  # heavy imports only once the flags parse
-        from tuner.tracking import end_open_runs
+        from tuner.study.session import run_study  # heavy imports only once the flags parse
+        from tuner.tracking.runs import end_open_runs
 
         settings = settings_from_args(args)
         if not (args.debug or os.environ.get("LAZYLLM_DEBUG") == "1"):

@@ -154,7 +154,7 @@ def test_bad_data_or_space_write_nothing(
 
 def test_search_space_path_gives_a_valid_study_name(tmp_path: Path) -> None:
     from tuner.search import parse_settings
-    from tuner.settings import SearchSettings
+    from tuner.study.settings import SearchSettings
 
     for given, stem in (("spaces/my.yaml", "my"), ("odd dir/my space!.yml", "my-space")):
         s = parse_settings(["--search-space", given, "--output", str(tmp_path)])
@@ -219,7 +219,7 @@ def test_long_prompt_warning_names_the_caller() -> None:
     ],
 )
 def test_search_space_file_limits(tmp_path: Path, text: str, fragment: str) -> None:
-    from tuner.spaces import load_space
+    from tuner.study.spaces import load_space
 
     path = tmp_path / "space.yaml"
     path.write_text(text, encoding="utf-8")

@@ -21,7 +21,7 @@ import pytest
 from lazyllm import generate as generate_cli
 from tests.support import longbench_dir
 from tuner.search import main as search
-from tuner.tracking import check_reachable
+from tuner.tracking.runs import check_reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "s3cret"
@@ -227,7 +227,7 @@ def test_generate_checks_the_schedule_before_loading_the_model(
 
 def test_store_left_half_made_by_a_killed_run_is_cleaned_up(tmp_path: Path) -> None:
     """``kill -9`` during MLflow's table creation skips the cleanup of ``mlflow.db.creating-<pid>``."""
-    from tuner.stores import prepare_mlflow_store
+    from tuner.study.stores import prepare_mlflow_store
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -259,7 +259,7 @@ def test_store_killed_mid_write_opens_again(tmp_path: Path) -> None:
     ``mlflow.db-journal``; the next run must roll it back, not fail on a read-only check."""
     from mlflow.tracking import MlflowClient
 
-    from tuner.stores import prepare_mlflow_store
+    from tuner.study.stores import prepare_mlflow_store
 
     db = tmp_path / "mlflow.db"
     prepare_mlflow_store(f"sqlite:///{db}")
@@ -275,7 +275,7 @@ def test_export_flags_are_the_settings_fields(tmp_path: Path, capsys: pytest.Cap
     from dataclasses import fields
 
     from tuner import export as export_cli
-    from tuner.settings import SearchSettings
+    from tuner.study.settings import SearchSettings
 
     actions = {a.dest: a for a in export_cli._parser()._actions}
     kinds = {f.name: f.type for f in fields(SearchSettings)}

@@ -26,8 +26,8 @@ from optuna.trial import TrialState
 from lazyllm.schedule import Schedule
 from tests.support import assert_evaluated_once, longbench_dir, n_warm_starts
 from tuner.search import RESUME_HINT
-from tuner.spaces import load_space
-from tuner.workers import never_ran
+from tuner.study.spaces import load_space
+from tuner.study.workers import never_ran
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = "interrupts"
@@ -188,7 +188,7 @@ def test_half_made_mlflow_store_from_an_older_run_is_repaired(tmp_path: Path) ->
 
     from mlflow.tracking import MlflowClient
 
-    from tuner.stores import prepare_mlflow_store
+    from tuner.study.stores import prepare_mlflow_store
 
     db = tmp_path / "mlflow.db"
     with sqlite3.connect(db) as con:

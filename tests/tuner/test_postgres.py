@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tests.support import assert_evaluated_once, longbench_dir, n_warm_starts
 from tuner.search import main
-from tuner.tracking import EXPERIMENT
+from tuner.tracking.runs import EXPERIMENT
 
 BASE = os.environ.get("LAZYLLM_TEST_POSTGRES", "postgresql+psycopg://lazyllm:lazyllm@127.0.0.1:5432/postgres")
 

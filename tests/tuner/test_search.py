@@ -11,13 +11,13 @@ import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
-from tuner.evaluation import ExampleResult
-from tuner.losses import ScoreLoss, optimistic_loss
-from tuner.records import RECORD_ATTR, TrialRecord, schedule_key
+from tuner.evaluation.runner import ExampleResult
 from tuner.search import main, parse_settings
-from tuner.settings import SearchSettings, resolve_settings
-from tuner.spaces import load_space
 from tuner.stages.trial import BaselineStats, fresh_draw
+from tuner.statistics.losses import ScoreLoss, optimistic_loss
+from tuner.study.records import RECORD_ATTR, TrialRecord, schedule_key
+from tuner.study.settings import SearchSettings, resolve_settings
+from tuner.study.spaces import load_space
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:

@@ -1,9 +1,9 @@
-"""The lines a study prints at its end, from its :class:`~tuner.outcome.StudyOutcome`; every loss
+"""The lines a study prints at its end, from its :class:`~tuner.study.outcome.StudyOutcome`; every loss
 carries its unit and every task-score number its n and interval."""
 
 from __future__ import annotations
 
-from tuner.outcome import StudyOutcome
+from tuner.study.outcome import StudyOutcome
 
 _TIMED = {"measured": "TTFT", "total": "generation", "flops": "FLOP"}
 

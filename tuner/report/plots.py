@@ -1,4 +1,4 @@
-"""Figures of a study, from its :class:`~tuner.outcome.StudyOutcome`; each states its sample counts
+"""Figures of a study, from its :class:`~tuner.study.outcome.StudyOutcome`; each states its sample counts
 and takes its loss axis label and budget line from the study's loss object (its unit)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from lazyllm.schedule import Schedule
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from tuner.outcome import StudyOutcome
+    from tuner.study.outcome import StudyOutcome
 
 
 def _pyplot():  # type: ignore[no-untyped-def]

@@ -29,13 +29,13 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import TrialState
 
-from tuner.calibration import Calibration, ScoredSchedule, fit
-from tuner.evaluation import loss_estimate
-from tuner.losses import ScoreLoss
-from tuner.records import TrialRecord
+from tuner.evaluation.runner import loss_estimate
 from tuner.stages.front import feasible_front
 from tuner.stages.trial import TrialRunner
-from tuner.stats import Estimate
+from tuner.statistics.bootstrap import Estimate
+from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
+from tuner.statistics.losses import ScoreLoss
+from tuner.study.records import TrialRecord
 
 T = TypeVar("T")
 
@@ -103,7 +103,7 @@ class Confirmation:
     and how many complete trials the study held when it ran (a later trial makes it stale).
 
     ``rule`` says how the pick was certified: ``pooled`` (the calibration's predicted task-loss bound
-    of the schedule's KL, :mod:`tuner.calibration`) or ``direct`` (the schedule's own task-score bound).
+    of the schedule's KL, :mod:`tuner.statistics.calibration`) or ``direct`` (the schedule's own task-score bound).
     """
 
     budget: float

@@ -6,7 +6,7 @@
   ``--max-kl``), so it was never a candidate; the paragraph gives its bound, the cap and, where the
   calibration has one, its predicted task loss.
 * **data**: its point estimate is within budget but the evidence cannot certify it; the paragraph says
-  how many validation examples would (:meth:`tuner.calibration.Calibration.examples_to_certify`).
+  how many validation examples would (:meth:`tuner.statistics.calibration.Calibration.examples_to_certify`).
 * **time**: the recommendation is the fastest schedule the study completed; the paragraph says how
   many trials fit the timeout at this model's measured cost per trial, and the ``--timeout`` that would
   fit ``--n-trials``.
@@ -14,7 +14,7 @@
 Whatever decided, a recommendation certified by the pooled calibration also gets one sentence on its
 own certainty: it was chosen on the bound at ``--decision-level``; the sentence says whether the bound
 at ``--confidence`` is within the budget too, and if not, how many validation examples would make it
-so (the power statement of :meth:`tuner.calibration.Calibration.examples_to_certify`).
+so (the power statement of :meth:`tuner.statistics.calibration.Calibration.examples_to_certify`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from tuner.calibration import Calibration
-from tuner.outcome import StudyOutcome
+from tuner.statistics.calibration import Calibration
+from tuner.study.outcome import StudyOutcome
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 
 import optuna
 
-from tuner.losses import Loss
-from tuner.records import TrialRecord, schedule_key
+from tuner.statistics.losses import Loss
+from tuner.study.records import TrialRecord, schedule_key
 
 
 def study_records(study: optuna.Study, model: str | None = None) -> list[TrialRecord]:

@@ -1,6 +1,6 @@
 """The held-out stage: the recommendation against the best hand-made schedules, on test.
 
-The yardstick is the two families of hand-made schedules of :mod:`tuner.handmade` (paper-style
+The yardstick is the two families of hand-made schedules of :mod:`tuner.study.handmade` (paper-style
 and one-stage).
 
 Like for like: every hand-made schedule takes the study's revival policy, as every trial did.
@@ -20,13 +20,13 @@ from typing import Any
 
 from lazyllm.flops import flop_speedup
 from lazyllm.schedule import Schedule
-from tuner.evaluation import Evaluator, ExampleResult, loss_estimate, macro_score
-from tuner.handmade import families
-from tuner.losses import ScoreLoss
-from tuner.records import TrialRecord, schedule_key
-from tuner.speed import SpeedMeasurement
+from tuner.evaluation.runner import Evaluator, ExampleResult, loss_estimate, macro_score
+from tuner.evaluation.speed import SpeedMeasurement
 from tuner.stages.trial import TrialRunner
-from tuner.stats import Estimate, macro_weights, paired_estimate
+from tuner.statistics.bootstrap import Estimate, macro_weights, paired_estimate
+from tuner.statistics.losses import ScoreLoss
+from tuner.study.handmade import families
+from tuner.study.records import TrialRecord, schedule_key
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def pick(
 ) -> tuple[Candidate, list[Candidate]]:
     """The fastest (FLOP model) schedule of ``grid`` whose validation loss bound is within the search's
     budget, else the one with the lowest loss; with every candidate evaluated. ``known``: search losses
-    the study already measured, by :func:`~tuner.records.schedule_key` (not measured again)."""
+    the study already measured, by :func:`~tuner.study.records.schedule_key` (not measured again)."""
     known = known or {}
     seen: list[Candidate] = []
     # fastest first: the first one within budget is the pick, so slower ones need no evaluation

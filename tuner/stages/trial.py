@@ -1,15 +1,15 @@
-"""The trial stage: one proposed schedule -> one :class:`~tuner.records.TrialRecord`.
+"""The trial stage: one proposed schedule -> one :class:`~tuner.study.records.TrialRecord`.
 
 * Objectives: ``(speedup, accuracy_loss)`` with ``directions=["maximize", "minimize"]``. Speedup is
-  the robust measurement of :mod:`tuner.speed` (TTFT with ``speedup="measured"``, the whole
+  the robust measurement of :mod:`tuner.evaluation.speed` (TTFT with ``speedup="measured"``, the whole
   generation with ``"total"``; interleaved timings on the example of typical length, minimum per
   side, checked against the FLOP model) or the FLOP model's (``"flops"``); only the speedup the
-  objective names is timed. The loss is the study's :class:`~tuner.losses.Loss`.
+  objective names is timed. The loss is the study's :class:`~tuner.statistics.losses.Loss`.
 * Constraint: the one-sided upper bound (level ``confidence``, bootstrap over examples) of the loss
   minus the loss's budget, so "feasible" means confidently within budget. A trial stops early
   (PRUNED, the reason in its record) once its loss cannot meet the budget, or, in a FLOP-model
   search (where a schedule's speed is known before it runs), once a finished feasible trial at least
-  as fast confidently beats its loss (:meth:`tuner.losses.FidelityLoss.dominated`): it would be
+  as fast confidently beats its loss (:meth:`tuner.statistics.losses.FidelityLoss.dominated`): it would be
   dominated on the front, so its remaining examples are not spent.
 * A proposal that repeats a schedule the study already evaluated (or is evaluating) takes no slot:
   the trial is refused (FAILED with system attr ``duplicate_of``, not counted towards ``n_trials``)
@@ -31,15 +31,21 @@ import lazyllm
 from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.schedule import Schedule
-from tuner.evaluation import Evaluator, ExampleResult
-from tuner.fidelity import FidelityEvaluator
-from tuner.losses import Loss, LossResult, Rival, loss_of
-from tuner.records import TrialRecord, schedule_key
-from tuner.settings import SearchSettings
-from tuner.spaces import SearchSpace
-from tuner.speed import SpeedMeasurement, generation_timer, measure_speedup, prefill_timer, resolve_clock
-from tuner.stats import macro_weights
-from tuner.workers import DuplicateSchedule, SurplusTrial, is_surplus
+from tuner.evaluation.fidelity import FidelityEvaluator
+from tuner.evaluation.runner import Evaluator, ExampleResult
+from tuner.evaluation.speed import (
+    SpeedMeasurement,
+    generation_timer,
+    measure_speedup,
+    prefill_timer,
+    resolve_clock,
+)
+from tuner.statistics.bootstrap import macro_weights
+from tuner.statistics.losses import Loss, LossResult, Rival, loss_of
+from tuner.study.records import TrialRecord, schedule_key
+from tuner.study.settings import SearchSettings
+from tuner.study.spaces import SearchSpace
+from tuner.study.workers import DuplicateSchedule, SurplusTrial, is_surplus
 
 DUPLICATE_ATTR = "duplicate_of"
 """System attr of a refused duplicate proposal: the trial number that holds that schedule."""
@@ -206,7 +212,7 @@ class TrialRunner:
         self, engine: LazyLLM, schedule: Schedule, kind: str | None = None
     ) -> SpeedMeasurement | None:
         """The robust speedup ``kind`` names (default: the objective's; None for the FLOP model): TTFT
-        (``measured``) or whole generation (``total``) on the timing example (see :mod:`tuner.speed`)."""
+        (``measured``) or whole generation (``total``) on the timing example (see :mod:`tuner.evaluation.speed`)."""
         kind = self.settings.speedup if kind is None else kind
         if kind == "flops":
             return None

@@ -1,0 +1,197 @@
+"""tuner.evaluation.fidelity: teacher-forced drift is exact for keep-all, positive for real pruning, cached as safetensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lazyllm.engine import LazyLLM
+from lazyllm.models import load_model
+from lazyllm.schedule import Schedule
+from tests.support import longbench_dir, make_tiny, prompt
+from tuner.evaluation.fidelity import (
+    FidelityEvaluator,
+    ReferenceCache,
+    drift,
+    forced_logits,
+    reference_from_logits,
+)
+from tuner.evaluation.runner import Evaluator
+from tuner.study.settings import EvalSettings
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_forced_logits_reproduce_generate(arch: str) -> None:
+    """Forced along its own greedy answer, a pruned engine gives generate's per-step logits exactly."""
+    model = make_tiny(arch)
+    layers = model.config.num_hidden_layers
+    sched = Schedule.from_layers("tiny", layers, {1: 50, 3: 40})
+    engine = LazyLLM(model, sched, strict_model_name=False)
+    ids = prompt(40, seed=1)
+    out = engine.generate(ids, max_new_tokens=6, eos_token_id=[], return_logits=True)
+    forced = forced_logits(engine, ids[0], out.token_ids)
+    assert forced.shape == (6, model.config.vocab_size)
+    assert torch.equal(forced, torch.stack(out.step_logits))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "mistral"])
+def test_frozen_forced_logits_in_one_pass_equal_the_steps(arch: str) -> None:
+    """With frozen revival the steps after the prefill run as one pass; the logits are generate's
+    (step by step) to float rounding, through sliding windows (window 8 < the 40-token prompt)."""
+    model = make_tiny(arch)
+    layers = model.config.num_hidden_layers
+    sched = Schedule.from_layers("tiny", layers, {1: 50, 3: 40}).with_revival("frozen")
+    engine = LazyLLM(model, sched, strict_model_name=False)
+    ids = prompt(40, seed=3)
+    out = engine.generate(ids, max_new_tokens=12, eos_token_id=[], return_logits=True)
+    forced = forced_logits(engine, ids[0], out.token_ids)
+    steps = torch.stack(out.step_logits)
+    assert forced.shape == steps.shape == (12, model.config.vocab_size)
+    assert torch.equal(forced[0], steps[0])  # the prefill row: the same pass
+    torch.testing.assert_close(forced, steps, atol=1e-5, rtol=1e-5)
+    # the forced tokens, not the argmax, feed the batch: another first token changes the rows after it
+    swapped = (out.token_ids[0] + 1) % model.config.vocab_size
+    other = forced_logits(engine, ids[0], [swapped, *out.token_ids[1:]])
+    assert torch.equal(other[0], forced[0]) and not torch.allclose(other[1], forced[1])
+
+
+@pytest.mark.parametrize(
+    ("arch", "revival", "scoring"),
+    [("llama", "frozen", "last"), ("gemma3", "frozen", "last"), ("qwen2", "dynamic", "last"),
+     ("llama", "frozen", "fastkv"), ("llama", "frozen", "w1-softmax-none-mean-stage")],
+)  # fmt: skip
+def test_a_prefill_resumed_from_the_unpruned_prefix_is_bit_identical(
+    arch: str, revival: str, scoring: str
+) -> None:
+    """A schedule first pruning after layer 2 starts its prefill there from the keep-all prefix:
+    exactly the logits of computing layers 0-2 itself (twice, so nothing in the prefix was changed);
+    a rule that observes earlier layers (stage-mean) resumes no later than its first observed one."""
+    model = make_tiny(arch)
+    layers = model.config.num_hidden_layers
+    keep = LazyLLM(model, Schedule.keep_all("tiny", layers), strict_model_name=False)
+    sched = Schedule.from_layers("tiny", layers, {2: 50, 3: 40}).with_revival(revival).with_scoring(scoring)
+    engine = LazyLLM(model, sched, strict_model_name=False)
+    ids = prompt(40, seed=5)
+    prefix = keep.capture_prefix(ids[0])
+    assert prefix.depth == layers - 1 and prefix.inputs[0].shape == (1, 40, model.config.hidden_size)
+    answer = [3, 9, 27, 81, 43]
+    full = forced_logits(engine, ids[0], answer)
+    for _ in range(2):
+        assert torch.equal(forced_logits(engine, ids[0], answer, prefix), full)
+    with pytest.raises(ValueError, match="another prompt"):
+        forced_logits(engine, prompt(40, seed=6)[0], answer, prefix)
+    with pytest.raises(ValueError, match="prunes nothing"):
+        engine.capture_prefix(ids[0])
+
+
+def test_fidelity_evaluator_keeps_prefixes_within_its_memory_cap(tiny_folder: Path, tmp_path: Path) -> None:
+    model, tokenizer = load_model(str(tiny_folder))
+    cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=3, max_prompt_tokens=64,
+                       max_new_tokens=4, data_dir=longbench_dir())  # fmt: skip
+    ev = Evaluator(model, tokenizer, cfg, tmp_path / "cache", progress=False)
+    layers = model.config.num_hidden_layers
+    pruned = LazyLLM(
+        model, Schedule.from_layers(model.config.name_or_path, layers, {1: 50}), strict_model_name=False
+    )
+    full = FidelityEvaluator(ev, prefix_bytes=0).evaluate(pruned)[0]
+    fid = FidelityEvaluator(ev)
+    assert fid.evaluate(pruned)[0] == full  # the same drift, example by example
+    kept = [p for p in fid.prefixes.values() if p is not None]
+    assert len(kept) == len(ev.examples) > 1
+    one = kept[0].nbytes
+    capped = FidelityEvaluator(ev, prefix_bytes=int(1.5 * one))
+    assert capped.evaluate(pruned)[0] == full
+    assert sum(p is not None for p in capped.prefixes.values()) == 1  # the rest ran in full
+
+
+def test_keep_all_forced_logits_match_a_transformers_forward() -> None:
+    """Teacher forcing along an arbitrary (non-greedy) answer: keep-all equals one plain forward pass."""
+    model = make_tiny("llama")
+    keep = LazyLLM(model, Schedule.keep_all("tiny", model.config.num_hidden_layers), strict_model_name=False)
+    ids = prompt(30, seed=4)
+    answer = [5, 17, 5, 90, 1]
+    forced = forced_logits(keep, ids[0], answer)
+    with torch.inference_mode():
+        full = model(torch.cat([ids, torch.tensor([answer[:-1]])], dim=1)).logits[0, ids.shape[1] - 1 :]
+    torch.testing.assert_close(forced, full.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_drift_of_keep_all_is_zero_and_of_pruning_positive() -> None:
+    model = make_tiny("llama")
+    layers = model.config.num_hidden_layers
+    keep = LazyLLM(model, Schedule.keep_all("tiny", layers), strict_model_name=False)
+    ids = prompt(48, seed=2)
+    answer = keep.generate(ids, max_new_tokens=8, eos_token_id=[]).token_ids
+    ref = reference_from_logits(answer, forced_logits(keep, ids[0], answer), top_k=5)
+    kl, top1 = drift(ref, forced_logits(keep, ids[0], answer))
+    assert kl == pytest.approx(0.0, abs=1e-6) and top1 == 1.0
+    hard = LazyLLM(model, Schedule.from_layers("tiny", layers, {0: 90}), strict_model_name=False)
+    kl_hard, _ = drift(ref, forced_logits(hard, ids[0], answer))
+    assert kl_hard > 1e-5  # a random tiny model is near-uniform: small, but far above float noise
+    # the coarsened KL never exceeds the full KL
+    p = torch.log_softmax(forced_logits(keep, ids[0], answer), -1).double()
+    q = torch.log_softmax(forced_logits(hard, ids[0], answer), -1).double()
+    full = float((p.exp() * (p - q)).sum(-1).mean())
+    assert 0 < kl_hard <= full + 1e-9
+
+
+def test_drift_hand_computed() -> None:
+    """Two-token vocabulary plus a third, top_k=1: KL of the coarsened distributions by hand."""
+    p = torch.tensor([[0.7, 0.2, 0.1]])
+    q = torch.tensor([[0.5, 0.3, 0.2]])
+    ref = reference_from_logits([0], p.log(), top_k=1)
+    kl, top1 = drift(ref, q.log())
+    expected = 0.7 * torch.log(torch.tensor(0.7 / 0.5)) + 0.3 * torch.log(torch.tensor(0.3 / 0.5))
+    assert kl == pytest.approx(float(expected), rel=1e-6) and top1 == 1.0
+    _, top1_other = drift(ref, torch.tensor([[0.1, 0.8, 0.1]]).log())
+    assert top1_other == 0.0
+
+
+def test_study_fidelity_cached_as_safetensors(tiny_folder: Path, tmp_path: Path) -> None:
+    model, tokenizer = load_model(str(tiny_folder))
+    config = EvalSettings(
+        model=str(tiny_folder), task="hotpotqa,trec", n_examples=1, max_prompt_tokens=96, max_new_tokens=3,
+        data_dir=longbench_dir(),
+    )  # fmt: skip
+    ev = Evaluator(model, tokenizer, config, tmp_path / "cache", progress=False)
+    fid = FidelityEvaluator(ev, top_k=4, gold=True)
+    layers = model.config.num_hidden_layers
+    keep = LazyLLM(model, Schedule.keep_all("x", layers), strict_model_name=False)
+    drifts, reason = fid.evaluate(keep)
+    assert reason is None and len(drifts) == len(ev.examples) == 2
+    for d in drifts:
+        assert d.kl == pytest.approx(0.0, abs=1e-6) and d.top1 == 1.0
+        assert d.gold_delta == pytest.approx(0.0, abs=1e-6)
+    assert fid.cache.path.suffix == ".safetensors" and fid.cache.path.parent == ev.cache.path.parent
+    again = ReferenceCache(fid.cache.path)
+    assert set(again.entries) == {ex.key for ex in ev.examples}
+    for key, ref in again.entries.items():
+        assert torch.equal(ref.topk_logp, fid.cache.entries[key].topk_logp)
+    pruned = LazyLLM(model, Schedule.from_layers("x", layers, {0: 80}), strict_model_name=False)
+    hard, _ = fid.evaluate(pruned)
+    assert sum(d.kl for d in hard) > 0
+    # a stop rule sees each example's drift and ends the pass early
+    stopped, why = fid.evaluate(pruned, should_stop=lambda done: "enough" if len(done) == 1 else None)
+    assert why == "enough" and len(stopped) == 1
+
+
+def test_reference_cache_ignores_corrupt_file(tmp_path: Path) -> None:
+    path = tmp_path / "fidelity-x.safetensors"
+    path.write_bytes(b"not safetensors")
+    assert ReferenceCache(path).entries == {}
+
+
+def test_reference_cache_of_another_format_is_recomputed(tmp_path: Path) -> None:
+    """v1 references were forced step by step; read beside v2 trials they would give keep-all a
+    rounding-sized KL instead of exactly 0, so a file of another format is never trusted."""
+    path = tmp_path / "fidelity-x.safetensors"
+    ref = reference_from_logits([1, 2], torch.randn(2, 11), top_k=3)
+    save_file(ref.tensors("k"), str(path), metadata={"format": "lazyllm-fidelity-v1"})
+    assert ReferenceCache(path).entries == {}
+    cache = ReferenceCache(path)
+    cache.entries["k"] = ref
+    cache.save()
+    assert set(ReferenceCache(path).entries) == {"k"}

@@ -1,0 +1,223 @@
+"""tuner.stages.confirm and tuner.study.records: the confirmation stage on a real (tiny) study, and the trial record."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from lazyllm.schedule import Schedule
+from tests.support import longbench_dir
+from tuner.report.files import write_outcome
+from tuner.search import main, parse_settings
+from tuner.stages.confirm import Confirmation, candidate_of, confirm, spread
+from tuner.stages.front import fastest_feasible, study_records
+from tuner.stages.trial import BaselineStats
+from tuner.statistics.losses import ScoreLoss
+from tuner.study.outcome import StudyOutcome
+from tuner.study.records import TrialRecord
+from tuner.study.session import open_session
+
+
+def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--model", str(folder), "--task", "hotpotqa,trec", "--n-examples", "2", "--max-prompt-tokens", "96",
+        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(out), "--study-name", "c",
+        "--sampler", "random", "--tracking-uri", "none", "--timing-rounds", "2", *extra,
+    ]  # fmt: skip
+
+
+def _raced(folder: Path, out: Path, *, trials: int, k: int, accuracy: str = "score") -> list[str]:
+    """A study ranked by the FLOP model, then confirmed: a score search races its candidates on their
+    own task-score bounds; a fidelity search (every trial feasible: KL cap 10) certifies by the pooled
+    calibration."""
+    return _argv(
+        folder, out, "--n-trials", str(trials), "--confirm-k", str(k), "--no-heldout", "--max-kl", "10",
+        "--speedup", "flops", "--accuracy", accuracy,
+        *(["--max-accuracy-loss", "100"] if accuracy == "fidelity" else []),
+    )  # fmt: skip
+
+
+def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _raced(tiny_folder, tmp_path, trials=3, k=2)
+    assert main(argv) == 0
+    assert "Confirmation (task score on all 4 validation examples" in capsys.readouterr().out
+    d = tmp_path / "c"
+    data = json.loads((d / "confirmation.json").read_text())
+    # the feasible front's fastest k=2 records are the candidates
+    assert 1 <= len(data["candidates"]) <= 2 and data["level"] == 0.9 and data["n_examples"] == 4
+    assert data["rule"] == "direct" and data["calibration"] is None
+    statuses = [c["status"] for c in data["candidates"]]
+    # racing: the first confirmed candidate ends it, every later one is skipped
+    assert statuses[0] == "confirmed" and all(s == "skipped" for s in statuses[1:])
+    speeds = [c["speedup"] for c in data["candidates"]]
+    assert speeds == sorted(speeds, reverse=True)
+    rec = Schedule.load(d / "recommended.json")
+    conf = rec.metadata["confirmation"]
+    assert conf["trial"] == data["recommended_trial"] and conf["status"] == "confirmed"
+    assert conf["task_loss"]["upper"] <= conf["budget"] and conf["task_loss"]["n"] == 4
+    rows = json.loads((d / "pareto.json").read_text())
+    assert all("confirmation" in r and "accuracy_loss_upper" in r for r in rows)
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    assert study.user_attrs["confirmation"] == data and data["complete_trials"] == 3
+    # a score search's feasibility is the race's own bound: the fastest feasible record is confirmed
+    # on the evidence it already has, so a larger k gives no candidate another draw
+    records = study_records(study)
+    fastest = fastest_feasible(records, StudyOutcome.from_study(study).search_loss)
+    assert fastest is not None and data["recommended_trial"] == fastest.number
+    assert fastest.loss is not None and data["candidates"][0]["task_loss"]["upper"] == fastest.loss.upper
+    assert [r["trial"] for r in rows if r["recommended"]] == [data["recommended_trial"]]
+
+    # the same study against a baseline that scored perfectly: every candidate loses 100 points
+    settings = parse_settings(argv)
+    session = open_session(settings, progress=False)
+    perfect = tuple(dataclasses.replace(b, score=1.0) for b in session.runner.baseline.results)
+    session.runner.baseline = BaselineStats.of(perfect)
+    session.runner.loss = ScoreLoss(2.0)
+    # records that do not cover every example are scored again (against the perfect baseline)
+    partial = [dataclasses.replace(r, per_example={}) for r in study_records(study)]
+    failed = confirm(partial, session.runner, 2, complete_trials=3)
+    assert failed.recommended is None and {c.status for c in failed.candidates} == {"failed"}
+    assert all("budget" in c.reason for c in failed.candidates)
+    outcome = dataclasses.replace(StudyOutcome.from_study(study, 2.0), confirmation=failed)
+    write_outcome(outcome, d)
+    assert not (d / "recommended.json").exists()
+    rows = json.loads((d / "pareto.json").read_text())
+    assert {r["confirmation"] for r in rows} <= {"failed", "not a candidate"}
+    assert not any(r["recommended"] for r in rows)
+
+
+def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    assert main(_raced(tiny_folder, tmp_path, trials=3, k=0, accuracy="fidelity")) == 0
+    d = tmp_path / "c"
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    fastest = StudyOutcome.from_study(study, 2.0).recommended
+    assert fastest is not None
+    # a confirmation in which the fastest front candidate failed and the next one was confirmed
+    first, second = StudyOutcome.from_study(study, 2.0).front[:2]
+    assert first.number == fastest.number
+    rejected = Confirmation(
+        2.0,
+        0.9,
+        (candidate_of(first, "failed", None, "over"), candidate_of(second, "confirmed", None, "ok")),
+        4,
+        3,
+    )
+    rejected.store(study)
+    write_outcome(StudyOutcome.from_study(study, 2.0), d)  # as tuner.export does: the stored pick
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    picked = StudyOutcome.from_study(study, 2.0).recommended
+    assert picked is not None and picked.number == second.number != fastest.number
+    rows = json.loads((d / "pareto.json").read_text())
+    assert [r["trial"] for r in rows if r["recommended"]] == [second.number]
+    assert Schedule.load(d / "recommended.json").metadata["trial"] == second.number
+    # a later trial makes the confirmation stale: back to the fastest feasible until it is rerun
+    study.enqueue_trial({"n_stages": 0})
+    assert main(_raced(tiny_folder, tmp_path, trials=4, k=0, accuracy="fidelity")) == 0
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    assert Confirmation.of_study(study) is None
+    again = StudyOutcome.from_study(study, 2.0)
+    best = fastest_feasible(again.records, again.search_loss)
+    assert again.provisional and again.recommended is not None and again.recommended == best
+    assert best is not None and best.values[0] >= fastest.values[0]
+    assert Schedule.load(d / "recommended.json").metadata["status"] == "provisional"
+
+
+def test_a_fidelity_search_is_certified_by_the_pooled_calibration(tiny_folder: Path, tmp_path: Path) -> None:
+    assert main(_raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity")) == 0
+    d = tmp_path / "c"
+    data = json.loads((d / "confirmation.json").read_text())
+    assert data["rule"] == "pooled" and {c["status"] for c in data["candidates"]} <= {"confirmed", "scored"}
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    outcome = StudyOutcome.from_study(study)
+    conf = outcome.confirmation
+    assert conf is not None and conf.calibration is not None
+    scored = [c for c in conf.candidates if c.loss is not None]
+    assert 1 <= len(scored) <= 2 and set(conf.calibration.trials) == {c.trial for c in scored}
+    best = outcome.recommended
+    assert best is not None and best.number == data["recommended_trial"]
+    # the pick is the fastest front schedule whose predicted bound is within budget, not past the evidence
+    for r in outcome.front:
+        _, up = conf.calibration.predicted(r.values[1])
+        ok = r.values[1] == 0 or (up <= 100 and r.values[1] <= conf.calibration.max_scored_kl)
+        if r.values[0] > best.values[0]:
+            assert not ok, r.number
+        if r.number == best.number:
+            assert ok
+    # the same evidence against a baseline that scored perfectly: every example loses 100 points, so
+    # a slope of ~100/KL points per nat puts every drifting schedule far over a 2-point budget
+    session = open_session(
+        parse_settings(_raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity")), progress=False
+    )
+    session.runner.baseline = BaselineStats.of(
+        tuple(dataclasses.replace(b, score=1.0) for b in session.runner.baseline.results)
+    )
+    session.settings.__dict__["max_accuracy_loss"] = 2.0  # frozen dataclass: a test-only override
+    strict = confirm(study_records(study), session.runner, 2, complete_trials=4)
+    assert strict.rule == "pooled" and strict.calibration is not None and strict.calibration.slope > 1000
+    rec = strict.recommended
+    assert rec is None or rec.search_loss == 0.0  # only a schedule without drift can pass
+
+
+def test_trial_record_round_trip_and_feasibility(tiny_folder: Path, tmp_path: Path) -> None:
+    assert (
+        main(
+            _argv(
+                tiny_folder,
+                tmp_path,
+                "--n-trials",
+                "2",
+                "--confirm-k",
+                "0",
+                "--no-heldout",
+                "--max-kl",
+                "0.05",
+                "--speedup",
+                "measured",
+            )
+        )
+        == 0
+    )
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'c' / 'study.db'}")
+    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):  # the peers' warm starts wait
+        record = TrialRecord.from_trial(t)
+        assert record is not None and TrialRecord.from_dict(record.to_dict()) == record
+        assert record.accuracy == "fidelity" and record.loss.n == 4 and len(record.per_example) == 4
+        assert record.speed is not None and record.speed.rounds >= 2 and record.loss is not None
+        assert record.values == tuple(t.values)
+        # the constraint the samplers see is the one-sided upper bound minus the budget
+        assert t.constraints["accuracy_loss"] == record.loss.upper - 0.05
+        flat = record.flat_metrics()
+        assert {"accuracy_loss_upper", "accuracy_loss_low", "top1", "flop_speedup"} <= set(flat)
+    second = TrialRecord.from_trial(study.trials[1])
+    assert second is not None and second.loss is not None
+    assert second.loss.upper > second.loss.value  # so the bound is what is used
+    pruned = second
+    with pytest.raises(ValueError, match="accuracy"):
+        dataclasses.replace(pruned, accuracy="bogus")
+
+
+@pytest.mark.parametrize("n", range(0, 13))
+@pytest.mark.parametrize("k", [1, 2, 3, 6])
+def test_spread_takes_the_fastest_and_the_slowest_evenly_and_nothing_twice(n: int, k: int) -> None:
+    """The calibration's scored schedules: up to ``k`` distinct front members (fastest first), the
+    fastest always, the slowest too when two or more are taken, gaps between picks differing by at
+    most one position."""
+    front = list(range(n))  # fastest first
+    picks = spread(front, k)
+    assert picks == sorted(set(picks)), picks
+    assert len(picks) == min(n, k)
+    if n:
+        assert picks[0] == 0
+    if n and k >= 2:
+        assert picks[-1] == n - 1
+    gaps = [b - a for a, b in itertools.pairwise(picks)]
+    assert not gaps or max(gaps) - min(gaps) <= 1, gaps

@@ -1,0 +1,176 @@
+"""tuner.study.settings: one model of what to evaluate on, shared by search and evaluate; flags from fields."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pytest
+
+from tuner.evaluate import _parser as evaluate_parser
+from tuner.evaluate import settings_from_args as evaluate_settings
+from tuner.search import parse_settings
+from tuner.study.samplers import SAMPLERS, make_sampler, sampler_names
+from tuner.study.settings import (
+    EvalSettings,
+    EvaluateSettings,
+    SearchSettings,
+    add_flags,
+    load_preset,
+    resolve_settings,
+)
+from tuner.study.spaces import load_space
+
+
+def test_search_and_evaluate_share_the_evaluation_fields() -> None:
+    shared = set(EvalSettings.__dataclass_fields__)
+    assert shared <= set(SearchSettings.__dataclass_fields__)
+    assert shared <= set(EvaluateSettings.__dataclass_fields__)
+    # one default for truncation and answer length in both
+    s, e = SearchSettings(), EvaluateSettings(methods="baseline")
+    assert (s.max_prompt_tokens, s.max_new_tokens) == (e.max_prompt_tokens, e.max_new_tokens) == (1024, 32)
+    assert (s.split, e.split) == ("validation", "test")
+    # the evaluation part of a search is what the baseline cache and the examples depend on
+    assert s.eval_only() == EvalSettings(n_examples=s.n_examples)
+    assert s.with_split("test") == EvalSettings(n_examples=s.n_examples, split="test")
+    assert type(s.eval_only()) is EvalSettings  # the baseline cache keys on these fields only
+
+
+def test_one_preset_describes_the_same_examples_to_both(tmp_path: Path) -> None:
+    preset = tmp_path / "p.yaml"
+    preset.write_text(
+        "task: multi-doc-qa\nn_examples: 3\nmax_prompt_tokens: 512\nn_trials: 9\nmethods: baseline\n"
+    )
+    search = parse_settings(["--preset", str(preset)])
+    report = evaluate_settings(evaluate_parser().parse_args(["--preset", str(preset)]))
+    for name in ("task", "n_examples", "max_prompt_tokens"):
+        assert getattr(search, name) == getattr(report, name)
+    assert search.n_trials == 9 and report.method_list == ["baseline"]
+    assert load_preset(str(preset), EvaluateSettings) == {
+        "task": "multi-doc-qa", "n_examples": 3, "max_prompt_tokens": 512, "methods": "baseline"
+    }  # fmt: skip
+    # flags override the preset
+    assert (
+        evaluate_settings(
+            evaluate_parser().parse_args(["--preset", str(preset), "--n-examples", "2"])
+        ).n_examples
+        == 2
+    )
+
+
+def test_evaluate_output_is_derived_from_the_settings() -> None:
+    a = EvaluateSettings(methods="baseline", task="qa")
+    b = EvaluateSettings(methods="baseline", task="summarization")
+    c = EvaluateSettings(methods="baseline", task="qa", split="validation")
+    assert a.out_dir == Path("outputs/evaluate/smollm2-135m-qa-test")
+    assert len({a.out_dir, b.out_dir, c.out_dir}) == 3
+    assert EvaluateSettings(methods="baseline", output="x").out_dir == Path("x")
+    folder = EvaluateSettings(methods="baseline", model="/models/my model/", task="qa,trec").out_dir
+    assert folder == Path("outputs/evaluate/my-model-qa-trec-test")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"max_accuracy_loss": math.nan}, "max_accuracy_loss = nan: must be a finite number"),
+        ({"max_accuracy_loss": math.inf}, "must be a finite number"),
+        ({"max_accuracy_loss": -1.0}, "must be >= 0"),
+        ({"timeout": math.nan}, "timeout = nan"),
+        ({"timeout": 0.0}, "must be > 0"),
+        ({"task": "bogus"}, "Unknown task 'bogus'"),
+        ({"language": "fr"}, "language = 'fr'"),
+        ({"sampler": "bogus"}, "Unknown sampler 'bogus'. Available: gp, nsga2, random, tpe"),
+        ({"split": "test"}, "a study searches on 'validation'"),
+        ({"model": " "}, "model is empty"),
+    ],
+)
+def test_search_settings_refuse_bad_values(kwargs: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        SearchSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_evaluate_settings_refuse_bad_values() -> None:
+    with pytest.raises(ValueError, match=r"Unknown method 'bogus'\. Available: baseline, compression"):
+        EvaluateSettings(methods="baseline,bogus")
+    with pytest.raises(ValueError, match="--schedule is needed"):
+        EvaluateSettings(methods="baseline,lazyllm")
+    with pytest.raises(ValueError, match="methods is empty"):
+        EvaluateSettings(methods=" , ")
+
+
+def test_a_preset_key_given_twice_is_refused_like_in_a_search_space(tmp_path: Path) -> None:
+    """Presets and search spaces are read by one strict loader (tuner.study.strict_yaml): the second
+    ``n_trials`` used to win silently."""
+    preset = tmp_path / "twice.yaml"
+    preset.write_text("task: qa\nn_trials: 4\nmax_prompt_tokens: 512\nn_trials: 40\n")
+    with pytest.raises(ValueError) as info:
+        resolve_settings(str(preset), {})
+    message = str(info.value)
+    assert "'n_trials' is given twice" in message and str(preset) in message and "\n" not in message
+    space = tmp_path / "space.yaml"
+    space.write_text("kind: stages\nkind: stages\n")
+    with pytest.raises(ValueError, match="'kind' is given twice"):
+        load_space(str(space))
+
+
+def test_preset_types_are_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    for text, fragment in (
+        ("n_trials: ten\n", "n_trials = 'ten': must be int"),
+        ("n_trials: true\n", "n_trials = True: must be int"),
+        ("n_examples: 1.5\n", "n_examples = 1.5: must be int or null"),
+        ("heldout: 1\n", "heldout = 1: must be bool"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("n_trails: 5\n", r"unknown setting\(s\) \['n_trails'\]"),
+    ):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=fragment):
+            resolve_settings(str(bad), {})
+    default = SearchSettings().n_examples
+    assert (
+        resolve_settings(None, {"n_examples": None, "n_trials": 3}).n_examples == default
+    )  # None = not given
+    assert resolve_settings(None, {"n_examples": 2}).n_examples == 2
+
+
+def test_flags_are_made_from_the_fields() -> None:
+    p = argparse.ArgumentParser()
+    add_flags(p, SearchSettings, exclude={"split"})
+    args = vars(p.parse_args(["--no-heldout", "--max-accuracy-loss", "1.5", "--n-examples", "3"]))
+    assert set(args) == set(SearchSettings.__dataclass_fields__) - {"split"}
+    assert (args["heldout"], args["max_accuracy_loss"], args["n_examples"], args["n_trials"]) == (
+        False,
+        1.5,
+        3,
+        None,
+    )
+    with pytest.raises(SystemExit):
+        p.parse_args(["--sampler", "bogus"])  # choices come from the sampler registry
+
+
+def test_sampler_registry() -> None:
+    assert sampler_names() == sorted(SAMPLERS) == ["gp", "nsga2", "random", "tpe"]
+    for name in SAMPLERS:
+        assert make_sampler(name, seed=0, n_trials=12) is not make_sampler(name, seed=0, n_trials=12)
+    with pytest.raises(ValueError, match=r"Unknown sampler 'cma'\. Available: gp, nsga2, random, tpe"):
+        make_sampler("cma", 0, 10)
+
+
+def test_accuracy_modes_are_defined_once() -> None:
+    """One definition (tuner.study.settings); tuner.study.records imports it instead of keeping a copy."""
+    import ast
+
+    import tuner.study.records
+    import tuner.study.settings
+
+    folder = Path(tuner.study.settings.__file__).parent
+    defining = sorted(
+        path.name
+        for path in folder.glob("*.py")
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "ACCURACY_MODES" for t in node.targets)
+    )
+    assert defining == ["settings.py"]
+    assert tuner.study.records.ACCURACY_MODES is tuner.study.settings.ACCURACY_MODES

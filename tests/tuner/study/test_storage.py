@@ -1,0 +1,61 @@
+"""tuner.study.storage: the study's identity guards it, warm starts are queued once, storage errors are one masked line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.study.settings import SearchSettings
+from tuner.study.spaces import load_space
+from tuner.study.storage import make_storage, open_study, study_lock, warm_start
+
+
+def _settings(tmp_path: Path, **changes: object) -> SearchSettings:
+    return SearchSettings(output=str(tmp_path), study_name="s", **changes)  # type: ignore[arg-type]
+
+
+def test_a_study_made_with_other_settings_is_refused(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    storage = make_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    try:
+        study = open_study(settings, 30, storage)
+        assert (
+            study.user_attrs["identity"] == settings.study_identity() and study.user_attrs["num_layers"] == 30
+        )
+        assert study.metric_names == ["speedup", "accuracy_loss"]
+        assert open_study(settings, 30, storage).study_name == "s"  # the same settings resume it
+        with pytest.raises(
+            ValueError, match=r"made with other settings \{'max_accuracy_loss': \(2.0, 1.0\)\}"
+        ):
+            open_study(_settings(tmp_path, max_accuracy_loss=1.0), 30, storage)
+    finally:
+        storage.engine.dispose()
+
+
+def test_warm_starts_are_queued_once(tmp_path: Path) -> None:
+    storage = make_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    try:
+        study = open_study(_settings(tmp_path), 30, storage)
+        space = load_space("stages")
+        warm_start(study, space, 30)
+        warm_start(study, space, 30)  # a resume: nothing queued again
+        queued = [t.system_attrs["fixed_params"] for t in study.get_trials()]
+        assert queued == space.warm_start(30)
+    finally:
+        storage.engine.dispose()
+
+
+def test_storage_errors_are_one_line_with_the_password_masked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        make_storage("postgresql+psycopg://bob:s3cret@127.0.0.1:1/db")
+    text = str(info.value)
+    assert "s3cret" not in text and "bob:***@" in text and "\n" not in text
+
+
+def test_study_lock_makes_the_folder_and_is_reentrant_across_uses(tmp_path: Path) -> None:
+    folder = tmp_path / "a" / "b"
+    with study_lock(folder):
+        assert (folder / ".lock").exists()
+    with study_lock(folder):  # released: a second use does not block
+        pass

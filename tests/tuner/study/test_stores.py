@@ -1,0 +1,60 @@
+"""tuner.study.stores.sqlite_path: the one parser of SQLite URLs (export and tracking use it too)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tuner
+from tuner.export import existing_tracking_uri, load_existing_study
+from tuner.study.stores import sqlite_path
+from tuner.tracking.runs import check_reachable
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:///runs/study.db", "runs/study.db"),
+        ("sqlite:////abs/study.db", "/abs/study.db"),
+        ("sqlite:///runs/study.db?timeout=5", "runs/study.db"),
+        ("sqlite://", None),  # in memory
+        ("sqlite:///:memory:", None),
+        ("sqlite:///", None),
+        ("postgresql://u@h/db", None),
+        ("file:///tmp/mlruns", None),
+    ],
+)
+def test_sqlite_path(url: str, path: str | None) -> None:
+    assert sqlite_path(url) == (None if path is None else Path(path))
+
+
+def test_export_and_tracking_read_files_through_it(tmp_path: Path) -> None:
+    missing = f"sqlite:///{tmp_path / 'nothing.db'}?timeout=5"
+    with pytest.raises(ValueError, match="file not found"):
+        load_existing_study("s", missing)
+    with pytest.raises(ValueError, match="file not found"):
+        existing_tracking_uri(missing)
+    check_reachable(f"sqlite:///{tmp_path / 'sub' / 'mlflow.db'}?timeout=5")
+    assert not (
+        tmp_path / "sub"
+    ).exists()  # a check writes nothing: the store's folder is made with the store
+
+
+def test_no_other_module_slices_sqlite_urls() -> None:
+    """A second parser (``url.split("///")``, ``uri[len("sqlite:///"):]``) is how the two drifted."""
+    offenders = []
+    for path in sorted(Path(tuner.__file__).parent.glob("*.py")):
+        if path.name == "stores.py":
+            continue
+        tree = ast.parse(path.read_text())
+        built = {id(c) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for c in ast.walk(f)}
+        for node in ast.walk(tree):  # f"sqlite:///{file}" builds a URL; a bare "sqlite:///" parses one
+            if (
+                isinstance(node, ast.Constant)
+                and node.value in ("///", "sqlite:///")
+                and id(node) not in built
+            ):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []

@@ -1,0 +1,123 @@
+"""tuner.study.workers.run_trials on a real SQLite study: exact counts, surplus trials, failure streaks, timeout."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.study.storage import make_storage
+from tuner.study.workers import MAX_CONSECUTIVE_FAILURES, SurplusTrial, counts, is_surplus, run_trials
+
+
+def _study(tmp_path: Path) -> optuna.Study:
+    return optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}", directions=["maximize", "minimize"], study_name="w"
+    )
+
+
+def _settings(n_trials: int, timeout: float | None = None) -> SimpleNamespace:
+    return SimpleNamespace(n_trials=n_trials, timeout=timeout, heartbeat_grace=2)
+
+
+def test_runs_exactly_n_finished_trials_and_resumes(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    seen: list[int] = []
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        seen.append(trial.number)
+        x = trial.suggest_float("x", 0, 1)
+        if trial.number == 1:
+            raise optuna.TrialPruned("pruned trials count as finished")
+        return x, 1 - x
+
+    assert run_trials(_settings(4), study, objective, []) == "done"  # type: ignore[arg-type]
+    c = counts(study)
+    assert c[TrialState.COMPLETE] + c[TrialState.PRUNED] == 4 and c[TrialState.PRUNED] == 1
+    assert seen == [0, 1, 2, 3]
+    # a rerun with a larger count adds only the missing trials; the same count adds none
+    assert run_trials(_settings(6), study, objective, []) == "done"  # type: ignore[arg-type]
+    assert run_trials(_settings(6), study, objective, []) == "done"  # type: ignore[arg-type]
+    assert seen == [0, 1, 2, 3, 4, 5] and len(study.trials) == 6
+
+
+def test_failed_trials_do_not_count_and_a_failure_streak_stops(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    calls = {"n": 0}
+
+    def flaky(trial: optuna.Trial) -> tuple[float, float]:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("one bad trial")
+        return 1.0, 0.0
+
+    assert run_trials(_settings(3), study, flaky, []) == "done"  # type: ignore[arg-type]
+    c = counts(study)
+    assert (c[TrialState.COMPLETE], c[TrialState.FAIL]) == (3, 1)
+
+    def broken(trial: optuna.Trial) -> tuple[float, float]:
+        raise RuntimeError("always")
+
+    with pytest.raises(ValueError, match=f"{MAX_CONSECUTIVE_FAILURES} trials in a row failed"):
+        run_trials(_settings(5), study, broken, [])  # type: ignore[arg-type]
+    assert counts(study)[TrialState.FAIL] == 1 + MAX_CONSECUTIVE_FAILURES
+
+
+def test_surplus_rule(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    for _ in range(2):
+        study.enqueue_trial({})
+    # two live (waiting) trials numbered 0 and 1: with a target of 2, trial 2 is surplus, 1 is not
+    assert not is_surplus(study, 1, 2) and is_surplus(study, 2, 2)
+
+    calls = {"n": 0}
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        calls["n"] += 1
+        if calls["n"] <= MAX_CONSECUTIVE_FAILURES + 1:  # as TrialRunner does for a trial one too many
+            trial.set_user_attr("surplus", True)
+            raise SurplusTrial("one too many")
+        return 1.0, 0.0
+
+    # surplus trials are FAILED and never evaluated, and they do not count towards the failure streak
+    assert run_trials(_settings(2), study, objective, []) == "done"  # type: ignore[arg-type]
+    c = counts(study)
+    assert (c[TrialState.COMPLETE], c[TrialState.FAIL]) == (2, MAX_CONSECUTIVE_FAILURES + 1)
+
+
+def test_timeout_stops_between_trials(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        return 1.0, 0.0
+
+    assert run_trials(_settings(100, timeout=1e-9), study, objective, []) == "timeout"  # type: ignore[arg-type]
+    assert len(study.trials) <= 1
+
+
+def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_retried(tmp_path: Path) -> None:
+    """Defect (CI, the chaos test): a SIGKILL between Optuna creating a trial and its heartbeat thread's
+    first beat left a RUNNING trial with no heartbeat; Optuna's stale check skips those, so every
+    later run waited for it forever."""
+    storage = make_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace=2)
+    study = optuna.create_study(storage=storage, directions=["maximize", "minimize"], study_name="w")
+    study.enqueue_trial({"x": 0.25})
+    with pytest.warns(UserWarning, match="Heartbeat of storage is supposed to be used with Study.optimize"):
+        orphan = study.ask()  # RUNNING with no heartbeat row: exactly what the killed worker left
+    assert orphan.number == 0 and study.trials[0].state == TrialState.RUNNING
+    ran: list[float] = []
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        ran.append(trial.suggest_float("x", 0, 1))
+        return ran[-1], 0.0
+
+    began = time.monotonic()
+    assert run_trials(_settings(1, timeout=30), study, objective, [], poll_s=0.2) == "done"  # type: ignore[arg-type]
+    assert time.monotonic() - began < 15  # about two grace periods, not the timeout
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL  # the orphan, failed once its heartbeat went stale
+    assert [t.state for t in trials[1:]] == [TrialState.COMPLETE] and ran == [0.25]  # its queued retry

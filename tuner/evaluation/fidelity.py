@@ -1,0 +1,300 @@
+"""Fidelity: how far a pruned model drifts from the unpruned one, teacher-forced along its own answer.
+
+Per validation example, the unpruned model's greedy answer ``y_1..y_T`` (the baseline prediction,
+cached with the baseline) is fed to both models token by token, exactly as decoding would (the prefill
+of the prompt, then one decoding step per answer token, pruning at every pass as LazyLLM does), and
+at each step ``t`` the next-token distributions ``P_t`` (unpruned) and ``Q_t`` (pruned) are compared:
+
+* ``kl``: mean over ``t`` of ``KL(P_t || Q_t)`` in nats, computed on the unpruned model's top-``k``
+  tokens plus one bucket for the rest of the vocabulary (a coarsening, so never above the full KL,
+  and exactly 0 when the two distributions are equal);
+* ``top1``: share of steps where the pruned model's argmax equals the unpruned one's;
+* ``gold_delta`` (optional, ``gold=True``): mean log-likelihood per token of the first gold answer
+  under the unpruned model minus under the pruned one (positive: pruning made the gold answer less
+  likely). It costs a second teacher-forced pass per example.
+
+The pruned side never generates freely, so its cost is fixed (prompt + ``T`` tokens). The unpruned
+side (answer ids, top-``k`` log-probabilities per step, gold log-probabilities) is computed once per
+study and cached as safetensors beside the baseline JSON cache.
+
+Engine hook: :meth:`lazyllm.engine.LazyLLM.forced_logits` runs the passes ``generate`` runs, with
+the next input taken from the given answer instead of the argmax.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from lazyllm.atomic import replace_with
+from lazyllm.engine import LazyLLM, PromptPrefix
+from lazyllm.models import model_name
+from lazyllm.schedule import Schedule
+
+DEFAULT_TOP_K = 64
+# unpruned prefills kept per evaluator so trials start at their first pruning layer; past this many
+# bytes (about 13 SmolLM2 prompts of 1024 tokens take 1.5 GB) the remaining examples run in full
+PREFIX_CACHE_BYTES = 2 * 1024**3
+# v2: references teacher-forced in one pass after the prefill (LazyLLM.forced_logits), so a keep-all
+# trial reproduces them bit for bit; v1 files (step by step) are recomputed, not mixed with v2 trials
+_FORMAT = "lazyllm-fidelity-v2"
+
+
+def forced_logits(
+    engine: LazyLLM,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    forced: Sequence[int],
+    prefix: PromptPrefix | None = None,
+) -> torch.Tensor:
+    """Next-token logits ``[T, vocab]`` along ``forced``: :meth:`lazyllm.engine.LazyLLM.forced_logits`."""
+    return engine.forced_logits(torch.as_tensor(prompt_ids), forced, prefix=prefix)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The unpruned side of one example.
+
+    Attributes:
+        answer_ids: ``[T]`` int64, the unpruned greedy answer.
+        topk_ids: ``[T, k]`` int64, the unpruned model's ``k`` most likely tokens per step (argmax first).
+        topk_logp: ``[T, k]`` float32, their log-probabilities.
+        gold_ids: ``[G]`` int64, the first gold answer's tokens (empty when not computed).
+        gold_logp: ``[G]`` float32, their log-probabilities under the unpruned model.
+    """
+
+    answer_ids: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_logp: torch.Tensor
+    gold_ids: torch.Tensor
+    gold_logp: torch.Tensor
+
+    def __post_init__(self) -> None:
+        t = self.answer_ids.shape[0]
+        if t < 1 or self.topk_ids.shape[0] != t or self.topk_ids.shape != self.topk_logp.shape:
+            raise ValueError(
+                f"reference shapes disagree: answer {tuple(self.answer_ids.shape)}, "
+                f"top-k ids {tuple(self.topk_ids.shape)}, log-probs {tuple(self.topk_logp.shape)}"
+            )
+        if self.gold_ids.shape != self.gold_logp.shape:
+            raise ValueError("gold ids and gold log-probs differ in shape")
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {f"{prefix}::{name}": getattr(self, name).contiguous() for name in _FIELDS}
+
+
+_FIELDS = ("answer_ids", "topk_ids", "topk_logp", "gold_ids", "gold_logp")
+
+
+def reference_from_logits(
+    answer_ids: Sequence[int],
+    logits: torch.Tensor,
+    top_k: int,
+    gold_ids: Sequence[int] = (),
+    gold_logits: torch.Tensor | None = None,
+) -> Reference:
+    """Build a :class:`Reference` from the unpruned model's teacher-forced logits ``[T, vocab]``."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1)  # sorted: argmax first
+    gold = torch.tensor(list(gold_ids), dtype=torch.long)
+    gold_logp = torch.zeros(0, dtype=torch.float32)
+    if gold.numel():
+        if gold_logits is None:
+            raise ValueError("gold ids given without their logits")
+        gold_logp = _token_logp(gold_logits, gold)
+    return Reference(
+        answer_ids=torch.tensor(list(answer_ids), dtype=torch.long),
+        topk_ids=top.indices.long(),
+        topk_logp=top.values.float(),
+        gold_ids=gold,
+        gold_logp=gold_logp,
+    )
+
+
+def _token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``[T]`` log-probability of ``ids[t]`` under ``logits[t]``."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(1, ids[:, None]).squeeze(1)
+
+
+@dataclass(frozen=True)
+class ExampleDrift:
+    """Drift of a pruned model on one example (see the module docstring)."""
+
+    dataset: str
+    record_id: str
+    kl: float
+    top1: float
+    gold_delta: float | None
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.kl) and self.kl >= 0.0):
+            raise ValueError(f"{self.dataset}/{self.record_id}: KL = {self.kl} must be finite and >= 0")
+        if not 0.0 <= self.top1 <= 1.0:
+            raise ValueError(f"{self.dataset}/{self.record_id}: top-1 agreement {self.top1} outside [0, 1]")
+
+
+def drift(reference: Reference, logits: torch.Tensor) -> tuple[float, float]:
+    """``(mean KL(P || Q), top-1 agreement)`` of pruned logits ``[T, vocab]`` against ``reference``.
+
+    KL uses the reference's top-``k`` tokens plus one "rest of the vocabulary" bucket (float64).
+    """
+    if logits.shape[0] != reference.topk_ids.shape[0]:
+        raise ValueError(f"{logits.shape[0]} rows of logits for a {reference.topk_ids.shape[0]}-token answer")
+    logq = torch.log_softmax(logits.float(), dim=-1).double()  # [T, vocab]
+    logp_k = reference.topk_logp.double()  # [T, k]
+    logq_k = logq.gather(1, reference.topk_ids)  # [T, k]
+    p_k, q_k = logp_k.exp(), logq_k.exp()
+    per_step = (p_k * (logp_k - logq_k)).sum(dim=1)
+    p_rest = (1.0 - p_k.sum(dim=1)).clamp_min(0.0)
+    q_rest = (1.0 - q_k.sum(dim=1)).clamp_min(1e-300)
+    per_step = per_step + torch.where(
+        p_rest > 0, p_rest * (p_rest.clamp_min(1e-300).log() - q_rest.log()), 0.0
+    )
+    kl = float(per_step.clamp_min(0.0).mean())
+    top1 = float((logits.argmax(dim=-1) == reference.topk_ids[:, 0]).double().mean())
+    return kl, top1
+
+
+class ReferenceCache:
+    """References per example key in one safetensors file (no pickle); rewritten atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, Reference] = {}
+        if path.exists():
+            try:
+                self.entries = _read(path)
+            except (SafetensorError, OSError, ValueError, KeyError):
+                self.entries = {}  # a corrupt cache is recomputed, never trusted
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, torch.Tensor] = {}
+        for key, ref in self.entries.items():
+            tensors.update(ref.tensors(key))
+        replace_with(self.path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": _FORMAT}))
+
+
+def _read(path: Path) -> dict[str, Reference]:
+    with safe_open(str(path), framework="pt") as f:
+        found = (f.metadata() or {}).get("format")
+    if found != _FORMAT:
+        raise ValueError(f"{path}: format {found!r}, expected {_FORMAT!r}")
+    raw = load_file(str(path))
+    keys = {name.rsplit("::", 1)[0] for name in raw}
+    return {k: Reference(**{f: raw[f"{k}::{f}"] for f in _FIELDS}) for k in keys}
+
+
+class FidelityEvaluator:
+    """Teacher-forced drift of pruned engines on an :class:`~tuner.evaluation.runner.Evaluator`'s examples.
+
+    Args:
+        evaluator: holds the model, tokenizer, examples and the baseline cache (answer ids).
+        top_k: unpruned tokens kept per step for the KL.
+        gold: also measure the change in gold-answer log-likelihood (a second pass per example).
+    """
+
+    def __init__(
+        self,
+        evaluator: Any,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+        gold: bool = False,
+        prefix_bytes: int = PREFIX_CACHE_BYTES,
+    ) -> None:
+        if top_k < 1:
+            raise ValueError(f"fidelity top_k = {top_k}: must be >= 1")
+        self.evaluator = evaluator
+        self.top_k = top_k
+        self.gold = gold
+        self.prefix_bytes = prefix_bytes
+        self.prefixes: dict[str, PromptPrefix | None] = {}  # None: over the memory cap, run in full
+        base = evaluator.cache.path
+        stem = base.name.removeprefix("baseline-").removesuffix(".json")
+        self.cache = ReferenceCache(
+            base.with_name(f"fidelity-{stem}-k{top_k}{'-gold' if gold else ''}.safetensors")
+        )
+        layers = int(evaluator.model.config.num_hidden_layers)
+        self.keep_all = LazyLLM(
+            evaluator.model,
+            Schedule.keep_all(model_name(evaluator.model), layers),
+            tokenizer=evaluator.tokenizer,
+            strict_model_name=False,
+        )
+
+    def gold_ids(self, example: Any) -> list[int]:
+        if not self.gold or not example.answers:
+            return []
+        ids: list[int] = self.evaluator.tokenizer(example.answers[0], add_special_tokens=False)["input_ids"]
+        return ids[: example.max_new_tokens]
+
+    def references(self) -> dict[str, Reference]:
+        """The unpruned side per example key (computed once, then read from the cache)."""
+        base = self.evaluator.baseline()
+        missing = [ex for ex in self.evaluator.examples if ex.key not in self.cache.entries]
+        for ex in tqdm(
+            missing, desc="fidelity reference", disable=not self.evaluator.progress or not missing
+        ):
+            answer = [int(t) for t in base[ex.key]["token_ids"]]
+            prefix = self.prefix(ex)  # captured here once: the trials start from it too
+            logits = forced_logits(self.keep_all, ex.input_ids, answer, prefix)
+            gold = self.gold_ids(ex)
+            gold_logits = forced_logits(self.keep_all, ex.input_ids, gold, prefix) if gold else None
+            self.cache.entries[ex.key] = reference_from_logits(answer, logits, self.top_k, gold, gold_logits)
+            self.cache.save()
+        return {ex.key: self.cache.entries[ex.key] for ex in self.evaluator.examples}
+
+    def prefix(self, example: Any) -> PromptPrefix | None:
+        """The unpruned prefill of ``example``'s prompt (captured once, while within ``prefix_bytes``)."""
+        if example.key not in self.prefixes:
+            used = sum(p.nbytes for p in self.prefixes.values() if p is not None)
+            last = next((p for p in reversed(self.prefixes.values()) if p is not None), None)
+            size = None if last is None else last.nbytes * len(example.input_ids) / last.ids.shape[1]
+            if size is not None and used + size > self.prefix_bytes:
+                self.prefixes[example.key] = None
+            else:
+                captured = self.keep_all.capture_prefix(torch.as_tensor(example.input_ids))
+                fits = used + captured.nbytes <= self.prefix_bytes
+                self.prefixes[example.key] = captured if fits else None
+        return self.prefixes[example.key]
+
+    def example_drift(self, engine: LazyLLM, example: Any, ref: Reference) -> ExampleDrift:
+        prefix = self.prefix(example)
+        logits = forced_logits(engine, example.input_ids, ref.answer_ids.tolist(), prefix)
+        kl, top1 = drift(ref, logits)
+        gold_delta = None
+        if ref.gold_ids.numel():
+            pruned = _token_logp(
+                forced_logits(engine, example.input_ids, ref.gold_ids.tolist(), prefix), ref.gold_ids
+            )
+            gold_delta = float(ref.gold_logp.double().mean() - pruned.double().mean())
+        return ExampleDrift(
+            example.dataset, example.record_id, kl, top1, gold_delta, int(ref.answer_ids.shape[0])
+        )
+
+    def evaluate(
+        self,
+        engine: LazyLLM,
+        *,
+        should_stop: Callable[[list[ExampleDrift]], str | None] | None = None,
+        desc: str = "fidelity",
+    ) -> tuple[list[ExampleDrift], str | None]:
+        """Drift of ``engine`` on every example (stopping early if ``should_stop`` gives a reason)."""
+        refs = self.references()
+        out: list[ExampleDrift] = []
+        bar = tqdm(self.evaluator.examples, desc=desc, disable=not self.evaluator.progress, leave=False)
+        for ex in bar:
+            out.append(self.example_drift(engine, ex, refs[ex.key]))
+            if should_stop is not None:
+                reason = should_stop(out)
+                if reason:
+                    return out, reason
+        return out, None

@@ -1,0 +1,489 @@
+"""Evaluate generation methods on a LongBench task split: predictions, scores and measured speedups.
+
+How a method is scored on one example:
+
+1. The prompt is built with LongBench's template, cut in the middle to ``max_prompt_tokens`` tokens
+   (LongBench's rule) and, where LongBench does so for the dataset, wrapped in the chat template.
+2. The method generates greedily, up to LongBench's length for the dataset (optionally capped), with
+   LongBench's stop rule (samsum stops at a newline); the prediction is scored by the dataset's metric.
+3. **Speed** is not taken from the scoring runs (one wall-clock time each, hit by whatever else the
+   machine does). It is measured as the search measures it (:mod:`tuner.evaluation.speed`): on a timing example
+   (the one whose prompt length is nearest the median, :meth:`Evaluator.timing_example`) the unpruned
+   model and the method run in interleaved rounds, the speedup is the minimum baseline time over the
+   minimum method time, read on the CPU thread clock on a CPU (:func:`tuner.evaluation.speed.resolve_clock`),
+   re-measured when implausible against the FLOP model. Both TTFT (prefill + first token) and the
+   whole generation of the example's answer length are measured (:meth:`Evaluator.measure_speed`).
+
+The unpruned baseline's predictions (text and token ids), scores and timings are cached on disk as JSON, keyed by model,
+data file digests, split, truncation, generation lengths and package version, so a second evaluation
+(or every trial of a study) reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+import lazyllm
+from lazyllm.atomic import write_atomic
+from lazyllm.engine import GenerationResult
+from lazyllm.methods import Generator, make_method
+from tuner.data.longbench import (
+    DATASETS,
+    build_prompt,
+    max_new_tokens,
+    resolve_task,
+    split_records,
+    truncate_middle,
+)
+from tuner.data.metrics import score_example, task_score
+from tuner.data.sources import resolve_source
+from tuner.evaluation.speed import (
+    DEFAULT_ROUNDS,
+    SpeedMeasurement,
+    generation_timer,
+    measure_speedup,
+    prefill_timer,
+    resolve_clock,
+)
+from tuner.statistics.bootstrap import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
+from tuner.study.settings import EvalSettings
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prepared prompt: token ids ``[N]`` plus what scoring and generation need."""
+
+    dataset: str
+    record_id: str
+    input_ids: tuple[int, ...]
+    answers: tuple[str, ...]
+    all_classes: tuple[str, ...] | None
+    max_new_tokens: int
+    stop_strings: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.record_id}"
+
+
+def _encode(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> list[int]:
+    """LongBench's order: cut the prompt text's tokens in the middle, then apply the chat template."""
+    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if chat:
+        budget = max_tokens - 32  # room for the template's own tokens
+        if len(ids) > budget:
+            text = tokenizer.decode(truncate_middle(ids, budget), skip_special_tokens=True)
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        return truncate_middle(list(out), max_tokens)
+    return truncate_middle(ids, max_tokens)
+
+
+def build_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
+    """Load, split, cut and encode the examples of ``config.task`` (datasets in task order)."""
+    source = resolve_source(config.data_dir)
+    records = source.load_task(config.task, config.language)
+    prompts = source.prompt_config()
+    has_chat = bool(getattr(tokenizer, "chat_template", None))
+    examples: list[Example] = []
+    for dataset, recs in records.items():
+        spec = DATASETS[dataset]
+        chosen = split_records(recs, config.split, seed=config.split_seed)  # type: ignore[arg-type]
+        if config.n_examples is not None:
+            chosen = chosen[: config.n_examples]
+        limit = max_new_tokens(prompts, dataset)
+        if config.max_new_tokens is not None:
+            limit = min(limit, config.max_new_tokens)
+        for rec in chosen:
+            ids = _encode(
+                tokenizer,
+                build_prompt(rec, prompts),
+                spec.chat_template and has_chat,
+                config.max_prompt_tokens,
+            )
+            examples.append(
+                Example(
+                    dataset=dataset,
+                    record_id=rec.id,
+                    input_ids=tuple(ids),
+                    answers=tuple(rec.answers),
+                    all_classes=tuple(rec.all_classes) if rec.all_classes else None,
+                    max_new_tokens=limit,
+                    stop_strings=("\n",) if spec.stop_at_newline else (),
+                )
+            )
+    if not examples:
+        raise ValueError(f"task {config.task!r} has no {config.split} examples in {source.describe()}")
+    return examples
+
+
+def data_fingerprint(config: EvalSettings) -> str:
+    """Digest of the data a task reads (contents, not size + mtime, which would miss an edited copy)."""
+    source = resolve_source(config.data_dir)
+    return source.fingerprint([spec.name for spec in resolve_task(config.task, config.language)])
+
+
+@dataclass(frozen=True)
+class ExampleResult:
+    """One method on one example. ``ttft_s`` and ``total_s`` are the scoring run's own wall-clock
+    times (raw evidence only: speedups come from :meth:`Evaluator.measure_speed`)."""
+
+    dataset: str
+    record_id: str
+    method: str
+    prediction: str
+    score: float
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+    new_tokens: int
+    prompt_computed_fraction: float
+
+
+@dataclass(frozen=True)
+class MethodSpeed:
+    """A method's measured speedups over the unpruned model on one timing example (:mod:`tuner.evaluation.speed`).
+
+    Attributes:
+        example: the timing example's key. prompt_tokens: its prompt length. new_tokens: the answer
+        length of the whole-generation timing. ttft: TTFT (prefill + first token) speedup. total:
+        whole-generation speedup. Each holds every timing, the clock and the rounds.
+    """
+
+    example: str
+    prompt_tokens: int
+    new_tokens: int
+    ttft: SpeedMeasurement
+    total: SpeedMeasurement
+
+    def __post_init__(self) -> None:
+        if self.ttft.clock != self.total.clock:
+            raise ValueError(f"clocks differ: ttft {self.ttft.clock!r}, total {self.total.clock!r}")
+
+    @property
+    def clock(self) -> str:
+        return self.ttft.clock
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "example": self.example,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "clock": self.clock,
+            "ttft": self.ttft.to_dict(),
+            "total": self.total.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MethodSpeed:
+        return cls(
+            example=str(data["example"]),
+            prompt_tokens=int(data["prompt_tokens"]),
+            new_tokens=int(data["new_tokens"]),
+            ttft=SpeedMeasurement.from_dict(data["ttft"]),
+            total=SpeedMeasurement.from_dict(data["total"]),
+        )
+
+
+@dataclass
+class BaselineCache:
+    """Unpruned predictions and timings per example, as one JSON file per evaluation fingerprint."""
+
+    path: Path
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, cache_dir: Path, fingerprint: dict[str, Any]) -> BaselineCache:
+        key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:20]
+        path = cache_dir / f"baseline-{key}.json"
+        entries: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            try:
+                found = json.loads(path.read_text())["entries"]
+            except (ValueError, KeyError, TypeError, OSError):
+                found = None
+            # a truncated cache or one of the wrong shape ({"entries": []}) is recomputed, never trusted
+            if isinstance(found, dict) and all(isinstance(v, dict) for v in found.values()):
+                entries = found
+        return cls(path=path, entries=entries)
+
+    def save(self) -> None:
+        write_atomic(self.path, json.dumps({"entries": self.entries}, indent=1))
+
+
+def _score(example: Example, prediction: str) -> float:
+    spec = DATASETS[example.dataset]
+    classes = list(example.all_classes) if example.all_classes else None
+    return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
+
+
+def _run(generator: Generator, example: Example) -> GenerationResult:
+    return generator.generate(
+        torch.tensor(example.input_ids),
+        max_new_tokens=example.max_new_tokens,
+        stop_strings=example.stop_strings,
+    )
+
+
+class Evaluator:
+    """Holds a model, the prepared examples and the cached baseline; evaluates methods on them.
+
+    Args:
+        model, tokenizer: from :func:`lazyllm.load_model`.
+        config: the evaluation settings.
+        cache_dir: where baseline results are cached (JSON).
+        progress: show tqdm progress bars.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: EvalSettings,
+        cache_dir: str | Path,
+        *,
+        progress: bool = True,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.progress = progress
+        self.examples = build_examples(config, tokenizer)
+        self.baseline_engine = make_method("baseline", model, tokenizer, None)
+        fingerprint = {
+            **{
+                k: v
+                for k, v in asdict(config.eval_only()).items()
+                if k not in ("data_dir", "trust_remote_code")
+            },
+            "data": data_fingerprint(config),
+            "lazyllm": lazyllm.__version__,
+            "torch": torch.__version__,
+            "device": str(next(model.parameters()).device),
+            "dtype": str(next(model.parameters()).dtype),
+        }
+        self.cache = BaselineCache.open(Path(cache_dir), fingerprint)
+
+    def baseline(self) -> dict[str, dict[str, Any]]:
+        """Unpruned prediction, score and timings per example key (computed once, then from the cache)."""
+        # an entry from before answer ids were cached is recomputed (the fidelity needs the ids)
+        missing = [ex for ex in self.examples if "token_ids" not in self.cache.entries.get(ex.key, {})]
+        if missing:
+            _run(self.baseline_engine, missing[0])  # warm-up, not recorded
+        for ex in tqdm(missing, desc="baseline", disable=not self.progress or not missing):
+            result = _run(self.baseline_engine, ex)
+            prediction = result.text or ""
+            self.cache.entries[ex.key] = {
+                "prediction": prediction,
+                "score": _score(ex, prediction),
+                "ttft_s": result.ttft_s,
+                "total_s": result.total_s,
+                "new_tokens": len(result.token_ids),
+                "token_ids": [
+                    int(t) for t in result.token_ids
+                ],  # teacher-forced by tuner.evaluation.fidelity
+            }
+            self.cache.save()
+        return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
+
+    def timing_example(self, examples: Sequence[Example] | None = None) -> Example:
+        """The example of ``examples`` (default: all) whose prompt length is nearest their median
+        (ties: the first key), as the search times the one example nearest its target length."""
+        pool = list(examples if examples is not None else self.examples)
+        if not pool:
+            raise ValueError("no examples to pick a timing example from")
+        mid = statistics.median(len(ex.input_ids) for ex in pool)
+        return min(pool, key=lambda ex: (abs(len(ex.input_ids) - mid), ex.key))
+
+    def measure_speed(
+        self,
+        generator: Generator,
+        example: Example,
+        flop_speedup: float,
+        *,
+        rounds: int = DEFAULT_ROUNDS,
+        clock: str = "auto",
+    ) -> MethodSpeed:
+        """TTFT and whole-generation speedups of ``generator`` over the unpruned model on ``example``,
+        by the search's robust path (:func:`tuner.evaluation.speed.measure_speedup`: interleaved ``rounds``,
+        minimum per side, ``clock`` resolved for the model's device, re-measured when the ratio to
+        ``flop_speedup`` is implausible)."""
+        read = resolve_clock(clock, next(self.model.parameters()).device)
+        ids = torch.tensor(example.input_ids)  # [N]
+        new = example.max_new_tokens
+        ttft = measure_speedup(
+            prefill_timer(self.baseline_engine, ids, read),
+            prefill_timer(generator, ids, read),
+            flop_speedup,
+            rounds=rounds,
+            clock=read,
+        )
+        total = measure_speedup(
+            generation_timer(self.baseline_engine, ids, new, read),
+            generation_timer(generator, ids, new, read),
+            flop_speedup,
+            rounds=rounds,
+            clock=read,
+        )
+        return MethodSpeed(example.key, len(example.input_ids), new, ttft, total)
+
+    def evaluate(
+        self,
+        method: str,
+        generator: Generator,
+        *,
+        should_stop: Callable[[list[ExampleResult]], str | None] | None = None,
+        desc: str | None = None,
+    ) -> tuple[list[ExampleResult], str | None]:
+        """Run ``generator`` on every example (stopping early if ``should_stop`` returns a reason).
+
+        Returns the per-example results and the early-stop reason (None if it ran to the end).
+        """
+        self.baseline()  # the unpruned answers exist before any method is scored against them
+        results: list[ExampleResult] = []
+        bar = tqdm(self.examples, desc=desc or method, disable=not self.progress, leave=False)
+        for ex in bar:
+            result = _run(generator, ex)
+            prediction = result.text or ""
+            results.append(
+                ExampleResult(
+                    dataset=ex.dataset,
+                    record_id=ex.record_id,
+                    method=method,
+                    prediction=prediction,
+                    score=_score(ex, prediction),
+                    ttft_s=result.ttft_s,
+                    total_s=result.total_s,
+                    prompt_tokens=result.prompt_tokens,
+                    new_tokens=len(result.token_ids),
+                    prompt_computed_fraction=result.prompt_computed_fraction,
+                )
+            )
+            if should_stop is not None:
+                reason = should_stop(results)
+                if reason:
+                    return results, reason
+        return results, None
+
+    def baseline_results(self) -> list[ExampleResult]:
+        """The cached baseline as :class:`ExampleResult` rows."""
+        base = self.baseline()
+        return [
+            ExampleResult(
+                dataset=ex.dataset,
+                record_id=ex.record_id,
+                method="baseline",
+                prediction=str(base[ex.key]["prediction"]),
+                score=float(base[ex.key]["score"]),
+                ttft_s=float(base[ex.key]["ttft_s"]),
+                total_s=float(base[ex.key]["total_s"]),
+                prompt_tokens=len(ex.input_ids),
+                new_tokens=int(base[ex.key]["new_tokens"]),
+                prompt_computed_fraction=1.0,
+            )
+            for ex in self.examples
+        ]
+
+
+def dataset_scores(results: Sequence[ExampleResult]) -> dict[str, float]:
+    """LongBench score (100 x mean) per dataset."""
+    by: dict[str, list[float]] = {}
+    for r in results:
+        by.setdefault(r.dataset, []).append(r.score)
+    return {d: task_score(s) for d, s in by.items()}
+
+
+def macro_score(results: Sequence[ExampleResult]) -> float:
+    """The LongBench score of a set of examples: the mean over datasets of each dataset's score (the
+    average every accuracy loss and interval here is taken against)."""
+    return float(statistics.fmean(dataset_scores(results).values()))
+
+
+def summarize(
+    results: Sequence[ExampleResult], baseline: Sequence[ExampleResult], speed: MethodSpeed | None = None
+) -> dict[str, Any]:
+    """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples
+    (with its standard error, 90% paired bootstrap interval and one-sided upper bound), mean share of
+    prompt (token, layer) pairs computed, and the measured ``speed`` when given (clock, rounds and
+    every timing included)."""
+    if not results:
+        raise ValueError("no results to summarize")
+    done = {(r.dataset, r.record_id) for r in results}
+    base = [b for b in baseline if (b.dataset, b.record_id) in done]
+    scores = dataset_scores(results)
+    base_scores = dataset_scores(base)
+    score = macro_score(results)
+    base_score = macro_score(base)
+    loss = loss_estimate(results, base)  # paired bootstrap over the same examples (90%, fixed seed)
+    out: dict[str, Any] = {
+        "n_examples": len(results),
+        "score": score,
+        "baseline_score": base_score,
+        "accuracy_loss": loss.value,
+        "accuracy_loss_se": loss.to_dict()["se"],
+        "accuracy_loss_interval": [loss.low, loss.high],
+        "accuracy_loss_upper": loss.upper,
+        "interval_level": loss.level,
+        "dataset_scores": scores,
+        "baseline_dataset_scores": base_scores,
+        "prompt_computed_pct": 100 * statistics.fmean(r.prompt_computed_fraction for r in results),
+    }
+    if speed is not None:
+        out.update(
+            ttft_speedup=speed.ttft.speedup,
+            total_speedup=speed.total.speedup,
+            timing_clock=speed.clock,
+            speed=speed.to_dict(),
+        )
+    return out
+
+
+def loss_estimate(
+    results: Sequence[ExampleResult],
+    baseline: Sequence[ExampleResult],
+    *,
+    level: float = DEFAULT_LEVEL,
+    within_datasets: bool = False,
+    seed: int = 0,
+) -> Estimate:
+    """The macro-averaged accuracy loss (score points, ``baseline - results``: positive = worse) of
+    ``results`` against ``baseline`` on the same examples, with its standard error, paired bootstrap
+    interval and one-sided upper bound (:func:`tuner.statistics.bootstrap.paired_estimate`; ``within_datasets``
+    resamples each dataset's examples among themselves)."""
+    if not results:
+        raise ValueError("no results to estimate a loss from")
+    base = {(b.dataset, b.record_id): b.score for b in baseline}
+    missing = [f"{r.dataset}/{r.record_id}" for r in results if (r.dataset, r.record_id) not in base]
+    if missing:
+        raise ValueError(f"baseline lacks example(s) {missing[:3]}: a paired loss needs the same examples")
+    datasets = [r.dataset for r in results]
+    return paired_estimate(
+        [100.0 * base[(r.dataset, r.record_id)] for r in results],
+        [100.0 * r.score for r in results],
+        macro_weights(datasets),
+        strata=datasets if within_datasets else None,
+        level=level,
+        seed=seed,
+    )
+
+
+def write_results(
+    results: Sequence[ExampleResult], summary: dict[str, Any], out_dir: Path, name: str
+) -> None:
+    """``<name>.jsonl`` (one line per example) and ``<name>.summary.json``; reruns overwrite."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path, text in (
+        (out_dir / f"{name}.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in results)),
+        (out_dir / f"{name}.summary.json", json.dumps(summary, indent=2) + "\n"),
+    ):
+        write_atomic(path, text)

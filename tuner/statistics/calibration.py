@@ -1,0 +1,225 @@
+"""The user's budget in the search's units: how much task score a nat of KL costs, pooled over schedules.
+
+The search measures fidelity (teacher-forced KL per answer token, nats) because it is cheap and
+low-noise; the user's budget is in task-score points. One schedule's task-score loss on a dozen
+examples cannot certify a 2-point budget (its one-sided bound sits 4-5 points above the estimate),
+but the *relation* between the two signals can be estimated from every schedule that was scored on
+the task at once, on the same examples, and then applied to any schedule's KL.
+
+**Estimator.** For the scored schedules ``s = 1..S`` on the same ``n`` validation examples (macro
+weights ``w_i``), with per-example KL ``k_si`` and task-score loss ``t_si`` (points):
+
+* schedule means ``K_s = sum_i w_i k_si / sum_i w_i`` and ``T_s`` alike;
+* the pooled ratio through the origin ``b = sum_s T_s / sum_s K_s`` (points per nat). Through the
+  origin because a schedule with zero KL reproduces the unpruned model's answers exactly (loss 0);
+  pooled as a ratio of sums so that schedules with more drift, which say more about the slope,
+  weigh more;
+* its uncertainty by the bootstrap over **examples**: each resample draws ``n`` examples with
+  replacement and recomputes ``b`` from all schedules on those examples, so the correlation between
+  schedules on the same example is kept (a cluster bootstrap with examples as clusters);
+* the one-sided upper bound ``b_up`` is the ``level`` quantile of the resampled slopes.
+
+**The constraint.** A schedule whose mean KL is ``K`` is predicted to lose at most ``b_up * K``
+points with confidence ``level``; the largest KL within a budget ``B`` is ``B / b_up``, but never
+more than the largest KL among the scored schedules: the linear relation is not extrapolated past
+the evidence. When the slope is not positive on the evidence (pruning never cost task score on these
+examples) the bound is that largest scored KL.
+
+**Two levels.** The bound that decides the recommendation is taken at the study's ``decision_level``
+(``benchmarks/decision_rule.py`` measures that rule's error rates); the same bootstrap also gives the
+slope's bound at the study's ``confidence``, so the report says whether the recommendation is
+certified at that level too (``b_up(confidence) * K`` within ``B``), not only chosen at the lower one.
+
+**Power.** When a schedule's point prediction ``b * K`` is within budget but its bound is not, the
+data cannot certify it; with the standard error shrinking as ``1/sqrt(n)``, about
+``n * ((b_up - b) * K / (B - b * K))^2`` examples would (``b * K`` taken as 0 when it is negative:
+a predicted gain is no evidence of one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, check_level
+
+
+@dataclass(frozen=True)
+class ScoredSchedule:
+    """One schedule's per-example evidence on both signals.
+
+    Attributes:
+        trial: the trial that evaluated it.
+        kl: per-example mean KL per answer token (nats), by example key.
+        task_loss: per-example task-score loss (points), by example key.
+    """
+
+    trial: int
+    kl: Mapping[str, float]
+    task_loss: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        if set(self.kl) != set(self.task_loss):
+            raise ValueError(f"trial {self.trial}: KL and task loss cover different examples")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Task-score points per nat of KL, with its one-sided upper bound (see the module docstring).
+
+    Attributes:
+        slope: pooled points per nat.
+        slope_upper: its one-sided upper bound at ``level``.
+        level: confidence level.
+        n_examples: examples every scored schedule shares.
+        trials: the scored schedules' trial numbers.
+        max_scored_kl: the largest mean KL among them (nats).
+        points: per scored schedule, ``(trial, mean KL, mean task loss)``.
+        confidence: the study's ``--confidence``, a second level reported beside ``level`` (None in
+            calibrations stored before it was recorded).
+        slope_upper_confidence: the slope's one-sided upper bound at ``confidence``.
+    """
+
+    slope: float
+    slope_upper: float
+    level: float
+    n_examples: int
+    trials: tuple[int, ...]
+    max_scored_kl: float
+    points: tuple[tuple[int, float, float], ...]
+    confidence: float | None = None
+    slope_upper_confidence: float | None = None
+
+    def __post_init__(self) -> None:
+        check_level(self.level)
+        if (self.confidence is None) != (self.slope_upper_confidence is None):
+            raise ValueError("confidence and slope_upper_confidence: give both or neither")
+        if self.confidence is not None:
+            check_level(self.confidence)
+
+    def max_kl(self, budget: float) -> float:
+        """The largest mean KL (nats) whose predicted task loss bound is within ``budget`` points."""
+        if self.slope_upper <= 0:
+            return self.max_scored_kl
+        return min(budget / self.slope_upper, self.max_scored_kl)
+
+    def covers(self, kl: float) -> bool:
+        """Whether ``kl`` is within the scored evidence (no farther than the largest scored KL).
+
+        The comparison forgives float rounding: a scored trial's own mean KL, summed in another
+        order than the calibration's, may come out a few ulps above it (2 ulps kept the fastest
+        scored schedule, 1.93x, from ever being recommended)."""
+        return kl <= self.max_scored_kl * (1.0 + 1e-9) + 1e-15
+
+    def predicted(self, kl: float) -> tuple[float, float]:
+        """``(estimate, upper bound)`` of the task loss (points) of a schedule with mean KL ``kl``."""
+        return self.slope * kl, self.slope_upper * kl
+
+    def no_cost_text(self) -> str:
+        """What a calibration with no measured cost (``slope <= 0``) certifies, in words: its negative
+        predicted losses are no evidence of a gain, only of nothing lost up to the largest scored KL."""
+        return (
+            f"the calibration measured no task-score cost of KL on these examples (slope {self.slope:.1f} "
+            f"points per nat), so it certifies nothing past the largest scored KL ({self.max_scored_kl:.4f} nats)"
+        )
+
+    def upper_at_confidence(self, kl: float) -> float | None:
+        """The task-loss bound (points) of a schedule with mean KL ``kl`` at ``confidence`` (None when
+        not recorded); a negative bound is reported as 0, since it is no evidence of a gain."""
+        if self.slope_upper_confidence is None:
+            return None
+        return max(self.slope_upper_confidence * kl, 0.0)
+
+    def examples_to_certify(self, kl: float, budget: float, *, at_confidence: bool = False) -> int | None:
+        """How many examples would certify a schedule at ``kl`` (None: its estimate is over budget), at
+        ``level``, or at ``confidence`` with ``at_confidence`` (None too when that was not recorded)."""
+        estimate, upper = self.predicted(kl)
+        if at_confidence:
+            bound = self.upper_at_confidence(kl)
+            if bound is None:
+                return None
+            upper = bound
+        estimate = max(estimate, 0.0)  # a predicted gain is no evidence of one
+        if estimate >= budget:
+            return None
+        if upper <= budget:
+            return self.n_examples
+        return math.ceil(self.n_examples * ((upper - estimate) / (budget - estimate)) ** 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slope_points_per_nat": self.slope,
+            "slope_upper": self.slope_upper,
+            "level": self.level,
+            "n_examples": self.n_examples,
+            "trials": list(self.trials),
+            "max_scored_kl": self.max_scored_kl,
+            "points": [list(p) for p in self.points],
+            "confidence": self.confidence,
+            "slope_upper_confidence": self.slope_upper_confidence,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        return cls(
+            slope=float(data["slope_points_per_nat"]),
+            slope_upper=float(data["slope_upper"]),
+            level=float(data["level"]),
+            n_examples=int(data["n_examples"]),
+            trials=tuple(int(t) for t in data["trials"]),
+            max_scored_kl=float(data["max_scored_kl"]),
+            points=tuple((int(p[0]), float(p[1]), float(p[2])) for p in data["points"]),
+            confidence=None if data.get("confidence") is None else float(data["confidence"]),
+            slope_upper_confidence=(
+                None if data.get("slope_upper_confidence") is None else float(data["slope_upper_confidence"])
+            ),
+        )
+
+
+def fit(
+    scored: Sequence[ScoredSchedule],
+    weights: Mapping[str, float],
+    *,
+    level: float,
+    confidence: float | None = None,
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = DEFAULT_SEED,
+) -> Calibration | None:
+    """The pooled slope of ``scored`` with its bound at ``level`` and, given ``confidence``, at that
+    level too, from the same bootstrap (None when no scored schedule drifted at all)."""
+    check_level(level)
+    if confidence is not None:
+        check_level(confidence)
+    if not scored:
+        return None
+    keys = sorted(set.intersection(*(set(s.kl) for s in scored)))
+    if not keys:
+        raise ValueError("the scored schedules share no example")
+    w = np.array([weights[k] for k in keys], dtype=np.float64)  # [n]
+    kl = np.array([[s.kl[k] for k in keys] for s in scored], dtype=np.float64)  # [S, n]
+    tl = np.array([[s.task_loss[k] for k in keys] for s in scored], dtype=np.float64)  # [S, n]
+    kl_means, tl_means = kl @ w / w.sum(), tl @ w / w.sum()  # [S]
+    if kl_means.sum() <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(keys), size=(n_boot, len(keys)))  # [B, n]
+    wb = w[idx]  # [B, n]
+    k_b = (kl[:, idx] * wb).sum(axis=2) / wb.sum(axis=1)  # [S, B]
+    t_b = (tl[:, idx] * wb).sum(axis=2) / wb.sum(axis=1)
+    denom = k_b.sum(axis=0)
+    slopes = np.where(denom > 0, t_b.sum(axis=0) / np.where(denom > 0, denom, 1.0), 0.0)
+    return Calibration(
+        slope=float(tl_means.sum() / kl_means.sum()),
+        slope_upper=float(np.quantile(slopes, level)),
+        level=level,
+        n_examples=len(keys),
+        trials=tuple(s.trial for s in scored),
+        max_scored_kl=float(kl_means.max()),
+        points=tuple((s.trial, float(k), float(t)) for s, k, t in zip(scored, kl_means, tl_means)),
+        confidence=confidence,
+        slope_upper_confidence=None if confidence is None else float(np.quantile(slopes, confidence)),
+    )

@@ -1,0 +1,309 @@
+"""What "accuracy loss" means in a study: one object per kind, owning its unit, its budget and how it
+is measured. Every plot axis, console line, JSON field and MLflow metric that shows a loss asks the
+object for its label and budget, so a KL in nats is never drawn against a budget in score points.
+
+* :class:`FidelityLoss` (``accuracy="fidelity"``): the macro mean over the validation examples of the
+  teacher-forced KL(unpruned || pruned) per answer token (:mod:`tuner.evaluation.fidelity`), in **nats**.
+* :class:`ScoreLoss` (``accuracy="score"``): the unpruned model's LongBench score minus the
+  schedule's (macro average over datasets), in **score points**.
+
+Both stop a schedule early (the trial is PRUNED) once its loss cannot come back within the budget
+whatever the remaining examples give. To add a loss: subclass :class:`Loss`, implement
+:meth:`Loss.measure`, and register it in :data:`LOSSES`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tuner.evaluation.fidelity import ExampleDrift
+from tuner.evaluation.runner import ExampleResult, loss_estimate, summarize
+from tuner.statistics.bootstrap import Estimate, estimate
+
+if TYPE_CHECKING:
+    from lazyllm.engine import LazyLLM
+    from tuner.stages.trial import TrialRunner
+
+
+@dataclass(frozen=True)
+class LossResult:
+    """One schedule's loss on the examples it ran.
+
+    Attributes:
+        estimate: the loss with its uncertainty (None when stopped early).
+        per_example: loss per example key (``dataset/record_id``), for the examples run.
+        per_dataset: loss per dataset.
+        metrics: other numbers (``top1``, ``gold_delta``, ``score``, ``baseline_score``...).
+        stopped: why it stopped early, if it did.
+        examples_run: how many examples ran.
+    """
+
+    estimate: Estimate | None
+    per_example: dict[str, float] = field(default_factory=dict)
+    per_dataset: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    stopped: str | None = None
+    examples_run: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.estimate is None) == (self.stopped is None):
+            raise ValueError("a loss result has an estimate or a reason it stopped early, exactly one")
+
+
+@dataclass(frozen=True)
+class Rival:
+    """A finished, feasible trial that a new schedule of no greater speed must beat on loss.
+
+    Attributes:
+        trial: its trial number.
+        speedup: its speed objective.
+        loss: its loss estimate (the loss's unit).
+    """
+
+    trial: int
+    speedup: float
+    loss: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.speedup) and math.isfinite(self.loss)):
+            raise ValueError(f"rival trial {self.trial}: speedup and loss must be finite numbers")
+
+
+MIN_EXAMPLES_TO_DOMINATE = 5
+"""Examples a schedule runs before it may be stopped as dominated by a rival."""
+
+
+@dataclass(frozen=True)
+class Loss(ABC):
+    """An accuracy loss with its unit and its budget (the largest loss a user accepts).
+
+    Args:
+        budget: in :attr:`unit`; a schedule is within budget when the one-sided upper bound of its
+            loss is at most this.
+    """
+
+    kind: ClassVar[str]
+    unit: ClassVar[str]
+    """Short unit for numbers, e.g. ``"nats"``."""
+    what: ClassVar[str]
+    """What is measured, for axis labels and help texts."""
+    digits: ClassVar[int]
+
+    budget: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.budget) and self.budget >= 0):
+            raise ValueError(
+                f"{self.kind} budget = {self.budget}: must be a finite number >= 0 ({self.unit})"
+            )
+
+    @property
+    def label(self) -> str:
+        """Axis label: ``"accuracy loss: mean KL per answer token (nats)"``."""
+        return f"accuracy loss: {self.what} ({self.unit})"
+
+    def text(self, value: float) -> str:
+        """``"0.031 nats"``."""
+        return f"{value:.{self.digits}f} {self.unit}"
+
+    def within(self, est: Estimate) -> bool:
+        """Confidently within budget: the one-sided upper bound is at most the budget."""
+        return est.upper <= self.budget
+
+    @abstractmethod
+    def measure(
+        self, runner: TrialRunner, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
+    ) -> LossResult:
+        """The loss of ``engine`` on ``runner``'s examples, stopping early when it cannot meet the
+        budget or (where the loss supports it) once a rival at least as fast confidently beats it."""
+
+
+@dataclass(frozen=True)
+class FidelityLoss(Loss):
+    """Teacher-forced KL(unpruned || pruned) per answer token, macro mean over datasets."""
+
+    kind: ClassVar[str] = "fidelity"
+    unit: ClassVar[str] = "nats"
+    what: ClassVar[str] = "mean KL per answer token"
+    digits: ClassVar[int] = 4
+
+    def early_stop(self, weights: dict[str, float], total: int, drifts: Sequence[ExampleDrift]) -> str | None:
+        """Stop once the macro mean KL exceeds the budget even if every remaining example had KL 0."""
+        if len(drifts) >= total:
+            return None
+        norm = sum(weights.values())
+        bound = sum(weights[f"{d.dataset}/{d.record_id}"] * d.kl for d in drifts) / norm
+        if bound > self.budget:
+            return (
+                f"mean KL >= {bound:.4f} nats after {len(drifts)} examples even if the rest had none "
+                f"(budget {self.budget:g} nats)"
+            )
+        return None
+
+    def dominated(
+        self, weights: dict[str, float], total: int, rivals: Sequence[Rival], level: float,
+        drifts: Sequence[ExampleDrift],
+    ) -> str | None:  # fmt: skip
+        """Stop once a rival (at least as fast, by the caller's choice) has a mean KL below the lower
+        end of this schedule's two-sided ``level`` interval after :data:`MIN_EXAMPLES_TO_DOMINATE`
+        examples or more: the schedule would be dominated on the front."""
+        if not rivals or len(drifts) >= total or len(drifts) < MIN_EXAMPLES_TO_DOMINATE:
+            return None
+        keys = [f"{d.dataset}/{d.record_id}" for d in drifts]
+        est = estimate([d.kl for d in drifts], [weights[k] for k in keys], level=level, n_boot=500)
+        best = min(rivals, key=lambda r: (r.loss, -r.speedup))
+        if est.low > best.loss:
+            return (
+                f"dominated by trial {best.trial} ({best.speedup:.2f}x, mean KL {best.loss:.4f} nats): "
+                f"mean KL >= {est.low:.4f} nats ({level:.0%} interval) after {len(drifts)} examples"
+            )
+        return None
+
+    def measure(
+        self, runner: TrialRunner, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
+    ) -> LossResult:
+        total = len(runner.evaluator.examples)
+        level = runner.settings.confidence
+        drifts, reason = runner.fidelity.evaluate(
+            engine,
+            should_stop=lambda d: (
+                self.early_stop(runner.weights, total, d)
+                or self.dominated(runner.weights, total, rivals, level, d)
+            ),
+            desc=desc,
+        )
+        if reason:
+            return LossResult(None, stopped=reason, examples_run=len(drifts))
+        keys = [f"{d.dataset}/{d.record_id}" for d in drifts]
+        weights = [runner.weights[k] for k in keys]
+        est = estimate([d.kl for d in drifts], weights, level=runner.settings.confidence)
+        by: dict[str, list[float]] = {}
+        for d in drifts:
+            by.setdefault(d.dataset, []).append(d.kl)
+        metrics = {"kl": est.value, "top1": estimate([d.top1 for d in drifts], weights).value}
+        golds = [d.gold_delta for d in drifts if d.gold_delta is not None]
+        if len(golds) == len(drifts):
+            metrics["gold_delta"] = estimate(golds, weights).value
+        return LossResult(
+            est,
+            per_example={k: d.kl for k, d in zip(keys, drifts)},
+            per_dataset={k: statistics.fmean(v) for k, v in by.items()},
+            metrics=metrics,
+            examples_run=len(drifts),
+        )
+
+
+def optimistic_loss(
+    results: Sequence[ExampleResult], baseline_scores: dict[str, float], counts: dict[str, int]
+) -> float:
+    """Lowest score loss (points) still reachable if every example not yet run scored 1 (the maximum).
+
+    Args:
+        results: the examples run so far.
+        baseline_scores: the baseline's LongBench score (0-100) per dataset, on all the examples.
+        counts: number of examples per dataset.
+    """
+    done: dict[str, list[float]] = {}
+    for r in results:
+        done.setdefault(r.dataset, []).append(r.score)
+    best = []
+    for dataset, n in counts.items():
+        got = done.get(dataset, [])
+        best.append(100.0 * (sum(got) + (n - len(got))) / n)
+    return statistics.fmean(baseline_scores.values()) - statistics.fmean(best)
+
+
+@dataclass(frozen=True)
+class ScoreLoss(Loss):
+    """The unpruned model's LongBench score minus the schedule's, macro average over datasets."""
+
+    kind: ClassVar[str] = "score"
+    unit: ClassVar[str] = "score points"
+    what: ClassVar[str] = "LongBench score lost"
+    digits: ClassVar[int] = 2
+
+    def early_stop(self, runner: TrialRunner, results: Sequence[ExampleResult]) -> str | None:
+        base = runner.baseline
+        if len(results) >= sum(base.counts.values()):
+            return None  # all examples ran: a complete (possibly infeasible) trial, not a pruned one
+        bound = optimistic_loss(results, base.scores, base.counts)
+        if bound > self.budget:
+            return (
+                f"accuracy loss >= {bound:.2f} score points after {len(results)} examples even if the "
+                f"rest scored perfectly (budget {self.budget:g} score points)"
+            )
+        return None
+
+    def measure(
+        self, runner: TrialRunner, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
+    ) -> LossResult:
+        """The task-score loss (``rivals`` are not used: one example's score says too little)."""
+        results, reason = runner.evaluator.evaluate(
+            "lazyllm",
+            engine,
+            should_stop=lambda r: self.early_stop(runner, r),
+            desc=desc,
+        )
+        if reason:
+            return LossResult(None, stopped=reason, examples_run=len(results))
+        baseline = runner.baseline.results
+        summary = summarize(results, baseline)
+        est = loss_estimate(results, baseline, level=runner.settings.confidence)
+        base = {(b.dataset, b.record_id): b.score for b in baseline}
+        return LossResult(
+            est,
+            per_example={
+                f"{r.dataset}/{r.record_id}": 100.0 * (base[(r.dataset, r.record_id)] - r.score)
+                for r in results
+            },
+            per_dataset={
+                d: float(summary["baseline_dataset_scores"][d]) - float(v)
+                for d, v in summary["dataset_scores"].items()
+            },
+            metrics={"score": float(summary["score"]), "baseline_score": float(summary["baseline_score"])},
+            examples_run=len(results),
+        )
+
+
+LOSSES: dict[str, type[Loss]] = {"fidelity": FidelityLoss, "score": ScoreLoss}
+"""Loss kind -> class; ``--accuracy`` chooses among these names."""
+
+
+def make_loss(kind: str, budget: float) -> Loss:
+    """The loss named ``kind`` with ``budget`` (in its unit); an unknown name lists the valid ones."""
+    if kind not in LOSSES:
+        raise ValueError(f"accuracy = {kind!r}: unknown loss. Available: {', '.join(LOSSES)}")
+    return LOSSES[kind](budget)
+
+
+KL_PER_POINT = 0.3
+"""Default fidelity cap of a search, nats of mean KL per score point of the user's budget. It is an
+exploration cap, not the decision: the study's own calibration (:mod:`tuner.statistics.calibration`) picks the
+recommendation. On SmolLM2 (``benchmarks/objective_noise.py``, QA prompts, frozen revival) schedules
+lost about 5-8 points per nat on test, and the one-sided 90% bound of a schedule's mean KL on 13
+validation examples sits about twice its estimate; 0.3 nats per point keeps the schedules a budget
+may allow feasible (e.g. 40% after layers 8/16/24: KL 0.23, bound 0.48, test loss 1.2 points) and
+``benchmarks/decision_rule.py`` measured the rule's error rate with it."""
+
+
+def search_budget(accuracy: str, max_kl: float | None, max_accuracy_loss: float) -> Loss:
+    """The search's loss: ``max_kl`` nats (or ``KL_PER_POINT`` nats per point of ``max_accuracy_loss``)
+    for fidelity, ``max_accuracy_loss`` score points for score."""
+    if accuracy == "fidelity":
+        return make_loss(accuracy, max_kl if max_kl is not None else KL_PER_POINT * max_accuracy_loss)
+    return make_loss(accuracy, max_accuracy_loss)
+
+
+def loss_of(settings: Any) -> Loss:
+    """The search's loss for a study's settings (:func:`search_budget`)."""
+    return search_budget(settings.accuracy, settings.max_kl, settings.max_accuracy_loss)
+
+
+def task_loss(settings: Any) -> ScoreLoss:
+    """The user's budget in task-score points (confirmation, held-out check)."""
+    return ScoreLoss(settings.max_accuracy_loss)

@@ -1,0 +1,154 @@
+"""What a study concluded, as one object: its trial records, front, confirmation, held-out check and
+recommendation. The session builds it once its stages have run (``tuner.export`` builds it from a
+stored study); :mod:`tuner.report` writes every file from it once, and MLflow logs it. Nothing is
+written, patched and read back.
+
+**The recommendation.** After a confirmation that judged the study's current trials: the confirmed
+trial (none if no candidate passed). Without one (``--confirm-k 0``, or a re-export of a study that
+has more trials than its last confirmation saw): the fastest feasible trial, marked
+``provisional`` in ``recommended.json``, on the console and in MLflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+import lazyllm
+from lazyllm.schedule import Schedule
+from tuner.stages.confirm import Confirmation
+from tuner.stages.front import fastest_feasible, non_dominated, study_records
+from tuner.stages.heldout import HeldoutReport
+from tuner.statistics.losses import Loss, search_budget
+from tuner.study.records import TrialRecord
+
+
+@dataclass(frozen=True)
+class StudyOutcome:
+    """A study's results.
+
+    Attributes:
+        study_name: the Optuna study name.
+        identity: the settings that define the study (model, task, search space, budgets...).
+        search_loss: the loss the search minimised, with its unit and budget.
+        task_budget: the user's budget in task-score points (confirmation, held-out check).
+        records: every finished trial's record.
+        confirmation: the confirmation stage's outcome, if it judged the current trials.
+        heldout: the held-out check, if it ran.
+        decision: what bound the answer, in words (budget, data or time).
+    """
+
+    study_name: str
+    identity: dict[str, Any]
+    search_loss: Loss
+    task_budget: float
+    records: tuple[TrialRecord, ...]
+    confirmation: Confirmation | None = None
+    heldout: HeldoutReport | None = None
+    decision: str = ""
+
+    @classmethod
+    def from_study(
+        cls, study: optuna.Study, task_budget: float | None = None, *, with_records: bool = True
+    ) -> StudyOutcome:
+        """The outcome a stored study supports (its records and still-current confirmation);
+        ``with_records=False`` reads only the study's identity (provenance of one trial's schedule)."""
+        identity = dict(study.user_attrs.get("identity", {}))
+        kind = str(identity.get("accuracy", "score"))
+        budget = float(task_budget if task_budget is not None else identity.get("max_accuracy_loss", 0.0))
+        max_kl = identity.get("max_kl")
+        search = search_budget(
+            kind, None if max_kl is None else float(max_kl), float(identity.get("max_accuracy_loss", budget))
+        )
+        return cls(
+            study_name=study.study_name,
+            identity=identity,
+            search_loss=search,
+            task_budget=budget,
+            records=tuple(study_records(study)) if with_records else (),
+            confirmation=Confirmation.of_study(study) if with_records else None,
+        )
+
+    @property
+    def complete(self) -> list[TrialRecord]:
+        return [r for r in self.records if r.complete]
+
+    @property
+    def front(self) -> list[TrialRecord]:
+        return non_dominated(self.records)
+
+    def record(self, number: int) -> TrialRecord:
+        return next(r for r in self.records if r.number == number)
+
+    @property
+    def provisional(self) -> bool:
+        """Whether the recommendation was not confirmed on the task score."""
+        return self.confirmation is None
+
+    @property
+    def recommended(self) -> TrialRecord | None:
+        if self.confirmation is not None:
+            rec = self.confirmation.recommended
+            return None if rec is None else self.record(rec.trial)
+        return fastest_feasible(self.records, self.search_loss)
+
+    def sample_note(self) -> str:
+        """How many examples stand behind each point: the evaluation's example count and the trial count."""
+        runs = sorted({r.examples_run for r in self.complete})
+        per = self.identity.get("n_examples")
+        return (
+            f"n = {'/'.join(map(str, runs)) or '?'} validation examples per point "
+            f"({'all' if per is None else per} per dataset of {self.identity.get('task', '?')}), "
+            f"{len(self.complete)} complete trials"
+        )
+
+    def schedule_of(self, record: TrialRecord) -> Schedule:
+        """``record``'s schedule with its provenance (and, for the recommendation, its confirmation)."""
+        speed_kind = str(self.identity.get("speedup", "measured"))
+        metrics: dict[str, Any] = {
+            "speedup_kind": speed_kind,
+            "flop_speedup": record.flop_speedup,
+            "prompt_computed_pct": record.prompt_computed_pct,
+            **{k: v for k, v in record.metrics.items() if k in ("score", "baseline_score", "top1", "kl")},
+        }
+        if record.complete:
+            metrics |= {
+                "speedup": record.values[0],
+                "accuracy_loss": record.values[1],
+                "accuracy_loss_unit": self.search_loss.unit,
+            }
+        meta: dict[str, Any] = {
+            "source": "lazyllm-tuner",
+            "study": self.study_name,
+            "trial": record.number,
+            "model": self.identity.get("model"),
+            "task": self.identity.get("task"),
+            "split": "validation",
+            "search_space": self.identity.get("search_space"),
+            "metrics": metrics,
+            "settings": {k: v for k, v in self.identity.items() if k not in ("model", "task")},
+            "lazyllm_version": lazyllm.__version__,
+        }
+        best = self.recommended
+        if best is not None and record.number == best.number:
+            meta["status"] = "provisional" if self.provisional else "confirmed"
+            if self.confirmation is not None and self.confirmation.recommended is not None:
+                meta["confirmation"] = self.confirmation.recommended.to_dict() | {
+                    "level": self.confirmation.level,
+                    "budget": self.confirmation.budget,
+                    "n_examples": self.confirmation.n_examples,
+                }
+                cal = self.confirmation.calibration
+                upper = self.confirmation.recommended_upper_at_confidence()
+                if cal is not None and upper is not None:
+                    # chosen on the bound at cal.level; is it certified at the study's confidence too?
+                    meta["confirmation"] |= {
+                        "decision_level": cal.level,
+                        "predicted_task_loss_upper": upper,
+                        "certified_at_level": upper <= self.confirmation.budget,
+                    }
+            if self.decision:
+                meta["decision"] = self.decision
+        return Schedule.from_dict(record.schedule.to_dict() | {"metadata": meta})

@@ -1,0 +1,78 @@
+"""The one preflight: every setting, file and URI an entry point uses, checked before any model loads
+and before anything is written.
+
+Each entry point calls its check first and starts work only when it passes: ``tuner.search``
+(:func:`check_search`, through :func:`tuner.study.session.preflight`), ``tuner.export``
+(:func:`check_tracking`, :func:`check_budget`, :func:`tuner.tracking.registry.check_name`),
+``tuner.evaluate`` (:func:`check_evaluate`) and the served model (:func:`tuner.tracking.serving.check_request`,
+per request); ``lazyllm.generate``, which must not import the tuner, has the same step of its own
+(``lazyllm.generate._preflight``: prompt, schedule file and revival before the model loads). Settings validate their own values
+when built (:mod:`tuner.study.settings`); what is checked here is what needs the file system or the
+network: data files, schedule and search-space files, and the storage, tracking and registry URIs
+(one tracking URI serves as the registry too). A failed check is one line (``ValueError``) naming
+the problem and the fix, with every password masked (:mod:`tuner.redact`); nothing is retried.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lazyllm.schedule import Schedule
+
+if TYPE_CHECKING:
+    from tuner.study.settings import EvaluateSettings, SearchSettings
+
+
+def check_tracking(uri: str) -> None:
+    """A tracking (and registry) URI that answers: see :func:`tuner.tracking.runs.check_reachable`."""
+    from tuner.tracking.runs import check_reachable
+
+    check_reachable(uri)
+
+
+def check_search(settings: SearchSettings) -> None:
+    """``tuner.search``: search space, data, storage, tracking store and registered-model name."""
+    from tuner.data.sources import resolve_source
+    from tuner.study.spaces import load_space
+    from tuner.study.stores import check_storage, check_tracking_store
+    from tuner.tracking.registry import check_name
+    from tuner.tracking.runs import default_tracking_uri, wanted
+
+    load_space(settings.search_space)  # an unknown or malformed space fails here
+    resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
+    check_storage(settings.storage_url, folder=settings.storage is not None)
+    if settings.register is not None:
+        check_name(settings.register)
+    if wanted(settings):
+        if settings.tracking_uri is not None:
+            check_tracking(settings.tracking_uri)
+        else:  # the default store lives in the output folder, whose own check comes next
+            check_tracking_store(default_tracking_uri(settings), folder=False)
+    elif settings.register is not None:
+        raise ValueError("--register needs MLflow tracking; drop --tracking-uri none or --register")
+
+
+def check_budget(value: float | None, flag: str = "--max-accuracy-loss") -> None:
+    """A loss budget in score points: finite and >= 0 (None = the study's own)."""
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise ValueError(f"{flag} {value}: must be a finite number >= 0 (score points)")
+
+
+def load_schedule(path: str | Path, flag: str = "--schedule") -> Schedule:
+    """Read and validate a schedule file (one line naming the file on any problem)."""
+    if not Path(path).is_file():
+        raise ValueError(
+            f"{flag} {path}: no such file; pass a schedule JSON (e.g. runs/<study>/recommended.json)"
+        )
+    return Schedule.load(path)
+
+
+def check_evaluate(settings: EvaluateSettings) -> Schedule | None:
+    """``tuner.evaluate``: the schedule file and the data; returns the schedule (None if not given)."""
+    from tuner.data.sources import resolve_source
+
+    schedule = load_schedule(settings.schedule) if settings.schedule else None
+    resolve_source(settings.data_dir).load_task(settings.task, settings.language)
+    return schedule

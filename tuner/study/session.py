@@ -1,0 +1,248 @@
+"""One study run: check everything cheap, open the study and its tracking, run trials in one or many
+workers, export the front, run the held-out check.
+
+Order matters (nothing is written before every check that needs no model has passed): settings are
+validated when built, then the output folder, the search space, the LongBench data folder and the
+tracking server are checked; only then is the model loaded, the study created and the baseline
+computed. ``tuner.search`` parses flags and calls :func:`run_study`; local worker processes
+(``--n-workers``) call :func:`run_worker`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from tqdm.auto import tqdm
+
+from lazyllm.models import load_model
+from tuner.evaluation.runner import Evaluator
+from tuner.redact import redact_url
+from tuner.report.console import summary_lines
+from tuner.report.files import write_outcome
+from tuner.stages.confirm import confirm
+from tuner.stages.decision import TrialTiming, explain
+from tuner.stages.front import non_dominated, study_records
+from tuner.stages.heldout import heldout_check
+from tuner.stages.trial import DUPLICATE_ATTR, BaselineStats, TrialRunner
+from tuner.study.outcome import StudyOutcome
+from tuner.study.preflight import check_search
+from tuner.study.records import TrialRecord
+from tuner.study.settings import SearchSettings
+from tuner.study.spaces import load_space
+from tuner.study.storage import finished_trials, make_storage, open_study, study_lock, warm_start
+from tuner.study.stores import prepare_mlflow_store
+from tuner.study.workers import run_trials, worker_device, worker_threads
+from tuner.tracking.runs import Tracker, default_tracking_uri, wanted
+
+
+class Progress:
+    """Optuna callback: trial k/N, its values, the current Pareto front and the time left."""
+
+    def __init__(self, target: int, timeout: float | None, unit: str) -> None:
+        self.target = target
+        self.unit = unit
+        self.timeout = timeout
+        self.start = time.monotonic()
+        self.durations: list[float] = []
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        done = finished_trials(study)
+        record = TrialRecord.from_trial(trial)
+        if trial.duration is not None and record is not None:  # refused proposals cost nothing
+            self.durations.append(trial.duration.total_seconds())
+        per = statistics.median(self.durations) if self.durations else 0.0
+        left = max(0, self.target - done) * per
+        if self.timeout is not None:
+            left = min(left, max(0.0, self.timeout - (time.monotonic() - self.start)))
+        if trial.system_attrs.get(DUPLICATE_ATTR) is not None:
+            what = f"refused: the schedule of trial {trial.system_attrs[DUPLICATE_ATTR]} (a fresh draw is queued)"
+        elif record is not None and record.complete:
+            what = f"speedup {record.values[0]:.2f}x, loss {record.values[1]:.4g} {self.unit}"
+        elif record is not None:
+            what = f"stopped early: {record.stopped}"
+        elif trial.user_attrs.get("interrupted"):
+            what = "interrupted (queued again: the rerun evaluates it)"
+        else:
+            what = trial.state.name.lower()
+        front = ", ".join(
+            f"#{r.number} {r.values[0]:.2f}x/{r.values[1]:.3g}"
+            for r in non_dominated(study_records(study))[:6]
+        )
+        tqdm.write(
+            f"[trial {done}/{self.target}] #{trial.number} {what} | front: {front} | ~{left / 60:.1f} min left"
+        )
+        if len(self.durations) == 1 and record is not None:  # known at minute 2, not minute 15
+            timing = TrialTiming(1, self.target, self.durations[0], self.timeout)
+            tqdm.write(f"  time: {timing.sentence()}")
+
+
+def preflight(settings: SearchSettings) -> None:
+    """Every check that needs no model and writes nothing (:func:`tuner.study.preflight.check_search`)."""
+    check_search(settings)
+
+
+def check_output(settings: SearchSettings) -> None:
+    folder = settings.study_dir
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"output folder {folder} is not writable ({exc.strerror}); pass --output DIR"
+        ) from None
+
+
+@dataclass
+class Session:
+    """What one process needs to run trials: model, study, tracker, evaluator and the trial runner."""
+
+    settings: SearchSettings
+    model: Any
+    tokenizer: Any
+    study: optuna.Study
+    tracker: Tracker | None
+    evaluator: Evaluator
+    runner: TrialRunner
+    tracking_uri: str
+    storage: optuna.storages.RDBStorage
+
+    def close(self) -> None:
+        """Return the storage's database connections now, not at garbage collection: a PostgreSQL
+        server shared by many workers has a fixed number of connection slots."""
+        self.storage.engine.dispose()
+
+    def callbacks(self) -> list[Any]:
+        return [
+            Progress(self.settings.n_trials, self.settings.timeout, self.runner.search_loss.unit),
+            *([self.tracker.callback] if self.tracker else []),
+        ]
+
+    def run_trials(self) -> str:
+        return run_trials(self.settings, self.study, self.runner.objective, self.callbacks())
+
+
+def open_session(settings: SearchSettings, *, device: str | None = None, progress: bool = True) -> Session:
+    """Load the model, open (or create) the study and its tracking, compute or read the baseline."""
+    space = load_space(settings.search_space)
+    tracking_uri = settings.tracking_uri or default_tracking_uri(settings)
+    model, tokenizer = load_model(settings.model, device=device, trust_remote_code=settings.trust_remote_code)
+    layers = int(model.config.num_hidden_layers)
+    evaluator = Evaluator(model, tokenizer, settings, settings.study_dir / "cache", progress=progress)
+    storage: optuna.storages.RDBStorage | None = None
+    try:
+        with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
+            storage = make_storage(
+                settings.storage_url, settings.heartbeat_interval, settings.heartbeat_grace
+            )
+            study = open_study(settings, layers, storage)  # fails fast on a mismatched study
+            tracker = None
+            if wanted(settings):
+                prepare_mlflow_store(tracking_uri)  # a new SQLite store is made atomically (Ctrl-C safe)
+                tracker = Tracker(tracking_uri, settings, study)
+            warm_start(study, space, layers)
+        baseline = BaselineStats.of(evaluator.baseline_results())  # computed once, then read from the cache
+    except BaseException:
+        if storage is not None:
+            storage.engine.dispose()
+        raise
+    runner = TrialRunner(settings, model, tokenizer, evaluator, space, baseline)
+    runner.prepare()  # the fidelity reference now, so the first trial's time (and estimate) is its own
+    return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri, storage)
+
+
+def run_worker(settings: SearchSettings, worker_id: int) -> str:
+    """Entry point of a local worker process (``--n-workers``)."""
+    import torch
+
+    torch.set_num_threads(worker_threads(settings.n_workers))
+    session = open_session(settings, device=worker_device(worker_id), progress=False)
+    try:
+        return session.run_trials()
+    finally:
+        session.close()
+
+
+def _run_local_workers(settings: SearchSettings) -> None:
+    from joblib import Parallel, delayed
+    from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+    try:
+        Parallel(n_jobs=settings.n_workers, backend="loky")(
+            delayed(run_worker)(settings, i) for i in range(settings.n_workers)
+        )
+    except TerminatedWorkerError as exc:
+        print(f"a worker died ({str(exc).splitlines()[0]}); finishing the study here", file=sys.stderr)
+
+
+def run_study(settings: SearchSettings) -> int:
+    """The whole search: checks, study, trials, export, held-out check, tracking. Returns 0."""
+    preflight(settings)
+    check_output(settings)
+    session = open_session(settings)
+    try:
+        return _run_session(settings, session)
+    finally:
+        session.close()
+
+
+def _run_session(settings: SearchSettings, session: Session) -> int:
+    study, tracker, evaluator = session.study, session.tracker, session.evaluator
+    print(
+        f"study {settings.name}: {len(evaluator.examples)} validation examples of {settings.task}, "
+        f"storage {redact_url(settings.storage_url)}, {finished_trials(study)}/{settings.n_trials} trials finished, "
+        f"{settings.n_workers} worker(s)"
+    )
+    if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
+        _run_local_workers(settings)
+    session.run_trials()
+    outcome = conclude(session)
+    files = write_outcome(outcome, settings.study_dir)  # every file once, from the outcome
+    print()
+    print("\n".join(summary_lines(outcome)))
+    if tracker is not None:
+        status = tracker.end_study(
+            outcome, files
+        )  # results as artifacts, counts, FINISHED (or KILLED on timeout)
+        print(f"MLflow: parent run {tracker.parent_id} ({status}) at {redact_url(session.tracking_uri)}")
+    print(f"\nresults: {settings.study_dir}/ (recommended.json, pareto/, pareto.png, keep_curves.png)")
+    best = outcome.recommended
+    if best is not None:
+        state = "provisional: not confirmed on the task score" if outcome.provisional else "confirmed"
+        print(f"load it ({state}): Schedule.load({str(settings.study_dir / 'recommended.json')!r})")
+    else:
+        print("no schedule is recommended (none was confirmed within the budget): recommended.json is absent")
+    return 0
+
+
+def conclude(session: Session) -> StudyOutcome:
+    """The stages after the trials: front -> confirmation -> held-out check, gathered in one outcome."""
+    settings, study, runner = session.settings, session.study, session.runner
+    records = study_records(study, settings.model)
+    confirmation = None
+    if settings.confirm_k > 0:
+        confirmation = confirm(records, runner, settings.confirm_k, complete_trials=_complete_trials(study))
+        confirmation.store(study)  # tuner.export finds the same pick later
+    outcome = StudyOutcome.from_study(study, settings.max_accuracy_loss)
+    outcome = dataclasses.replace(outcome, search_loss=runner.search_loss, confirmation=confirmation)
+    timing = TrialTiming.of(study, settings.n_trials, settings.timeout)
+    outcome = dataclasses.replace(outcome, decision=explain(outcome, timing))
+    if settings.heldout:
+        best = outcome.recommended
+        task = None
+        if confirmation is not None and confirmation.recommended is not None:
+            task = confirmation.recommended.loss
+        outcome = dataclasses.replace(outcome, heldout=heldout_check(runner, best, task, records))
+    return outcome
+
+
+def _complete_trials(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))

@@ -1,0 +1,490 @@
+"""Settings: dataclass defaults -> YAML preset (``studies/*.yaml``) -> CLI flags, validated once.
+
+One model of *what to evaluate on* (:class:`EvalSettings`: model, task, language, split, truncation,
+answer lengths, data) is shared by the search (:class:`SearchSettings`) and the report CLI
+(:class:`EvaluateSettings`), so a preset means the same examples to both. Every field carries its
+help text, and the command-line flags are made from the fields (:func:`add_flags`), so a setting is
+declared, defaulted, documented and validated in exactly one place.
+
+The search defaults are budgeted to finish ``python -m tuner.search --task qa`` on a 2-core CPU in
+20 minutes, everything included (SmolLM2, every QA validation example scored by teacher-forced
+fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, up to 60 trials bounded by a 420 s
+timeout, then the confirmation stage and the held-out check). On a GPU raise ``max_prompt_tokens``,
+``n_trials`` and ``confirm_k`` (see README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from lazyllm.methods import check_method, needs_schedule, parse_method_options
+from lazyllm.models import DEFAULT_MODEL
+from lazyllm.schedule import Revival
+from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task
+from tuner.evaluation.speed import CLOCKS
+from tuner.study.samplers import check_sampler, sampler_names
+from tuner.study.strict_yaml import load_strict
+
+STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"
+SPEEDUP_MODES = ("measured", "total", "flops")
+ACCURACY_MODES = ("fidelity", "score")
+"""What a study minimises: teacher-forced KL to the unpruned model, or the task score (one definition;
+:mod:`tuner.study.records` validates a trial's accuracy mode against it)."""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in 0..2**32-1
+HEARTBEAT_MAX_S = 3600  # an hour between heartbeats; the heartbeat thread's wait must stay a valid timeout
+GRACE_MAX_S = 7 * 24 * 3600  # a week without a heartbeat before a trial counts as crashed
+
+
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
+
+
+def _slug(text: str) -> str:
+    """A folder-safe name part: path separators and odd characters become '-'."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "x"
+
+
+def _timing_rounds() -> Any:
+    """The timing-rounds setting of the search and of ``tuner.evaluate`` (declared once)."""
+    return field(default=3, metadata=_help("interleaved timings per side and measurement (min per side)"))
+
+
+def _timing_clock() -> Any:
+    """The timing-clock setting of the search and of ``tuner.evaluate`` (declared once)."""
+    return field(
+        default="auto",
+        metadata=_help(
+            "clock of the measured speedups: cpu (one thread, its CPU time; robust to background load), "
+            "wall, or auto (cpu on a CPU, wall on CUDA)",
+            choices=CLOCKS,
+        ),
+    )
+
+
+def _check_timing(rounds: int, clock: str) -> None:
+    if rounds < 1:
+        raise ValueError(f"timing_rounds = {rounds}: must be >= 1")
+    if clock not in CLOCKS:
+        raise ValueError(f"timing_clock = {clock!r}: must be one of {', '.join(CLOCKS)}")
+
+
+def _seed(name: str, value: int) -> None:
+    if not 0 <= value <= SEED_MAX:
+        raise ValueError(
+            f"{name} = {value}: must be in 0..{SEED_MAX} (2**32-1, what numpy and Optuna accept)"
+        )
+
+
+def _finite(name: str, value: float | None, *, low: float | None = None, strict: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} = {value!r}: must be a finite number")
+    if low is not None and (value <= low if strict else value < low):
+        raise ValueError(f"{name} = {value}: must be {'>' if strict else '>='} {low}")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What to evaluate on; shared by ``tuner.search`` and ``tuner.evaluate``."""
+
+    model: str = field(default=DEFAULT_MODEL, metadata=_help("alias, checkpoint folder or hub id"))
+    task: str = field(default="qa", metadata=_help("LongBench category, qa, dataset name or comma list"))
+    language: str = field(default="en", metadata=_help("dataset language", choices=LANGUAGE_FILTERS))
+    split: str = field(default="validation", metadata=_help("which split of each dataset", choices=SPLITS))
+    split_seed: int = field(default=0, metadata=_help("seed of the hashed validation/test split"))
+    n_examples: int | None = field(
+        default=None, metadata=_help("at most this many examples per dataset (null in a preset = all)")
+    )
+    max_prompt_tokens: int = field(
+        default=1024, metadata=_help("prompts longer than this are cut in the middle")
+    )
+    max_new_tokens: int | None = field(
+        default=32, metadata=_help("cap on LongBench's per-dataset answer length (null = LongBench's own)")
+    )
+    data_dir: str | None = field(default=None, metadata=_help("LongBench folder (default: $LONGBENCH_DIR)"))
+    trust_remote_code: bool = field(
+        default=False, metadata=_help("allow a hub model's own Python code to run")
+    )
+
+    def __post_init__(self) -> None:
+        if self.language not in LANGUAGE_FILTERS:
+            raise ValueError(f"language = {self.language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
+        if self.split not in SPLITS:
+            raise ValueError(f"split = {self.split!r}: must be one of {', '.join(SPLITS)}")
+        resolve_task(self.task, self.language)  # an unknown task fails here, before any state
+        if self.n_examples is not None and self.n_examples < 1:
+            raise ValueError(f"n_examples = {self.n_examples}: must be >= 1 (or null for all)")
+        if self.max_prompt_tokens < 16:
+            raise ValueError(f"max_prompt_tokens = {self.max_prompt_tokens}: must be >= 16")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(
+                f"max_new_tokens = {self.max_new_tokens}: must be >= 1 (or null for LongBench's)"
+            )
+        if not self.model.strip():
+            raise ValueError("model is empty: pass an alias, a checkpoint folder or a hub id")
+
+    @property
+    def model_slug(self) -> str:
+        return _slug(Path(self.model).name or self.model)
+
+    def eval_only(self) -> EvalSettings:
+        """Just the evaluation fields (what the baseline cache and the examples depend on)."""
+        return EvalSettings(**{f.name: getattr(self, f.name) for f in fields(EvalSettings)})
+
+    def with_split(self, split: str) -> EvalSettings:
+        return dataclasses.replace(self.eval_only(), split=split)
+
+
+@dataclass(frozen=True)
+class SearchSettings(EvalSettings):
+    """Everything a study needs. See ``python -m tuner.search --help`` for each field."""
+
+    # search: every validation example (the fidelity pass is cheap and the speed is timed on one prompt)
+    n_examples: int | None = field(
+        default=None, metadata=_help("validation examples per dataset (default / null in a preset = all)")
+    )
+    n_trials: int = field(default=60, metadata=_help("finished trials the study should hold"))
+    timeout: float | None = field(
+        default=420.0,
+        metadata=_help(
+            "seconds for this run's trials; baseline, confirmation and held-out check come on top"
+        ),
+    )
+    study_name: str | None = field(default=None, metadata=_help("default: <model>-<task>-<search space>"))
+    storage: str | None = field(
+        default=None, metadata=_help("Optuna storage URL (default: sqlite file in the study folder)")
+    )
+    # TPE: benchmarks/sampler_choice.py favoured GP on hypervolume, but GP models only the fixed
+    # parameters of a define-by-run space and collapsed onto keep-all in a real study (see README)
+    sampler: str = field(default="tpe", metadata=_help("Optuna sampler", choices=tuple(sampler_names())))
+    seed: int = field(default=0, metadata=_help("sampler seed"))
+    search_space: str = field(default="stages", metadata=_help("a packaged space name or a YAML path"))
+    max_accuracy_loss: float = field(
+        default=2.0, metadata=_help("loss budget in score points (confirmation, recommended.json)")
+    )
+    # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (README)
+    accuracy: str = field(
+        default="fidelity",
+        metadata=_help(
+            "search objective: teacher-forced KL to the unpruned model, or the task score",
+            choices=ACCURACY_MODES,
+        ),
+    )
+    max_kl: float | None = field(
+        default=None,
+        metadata=_help(
+            "fidelity cap during the search, mean KL per answer token in nats (default: derived from "
+            "--max-accuracy-loss, 0.3 nats per score point; the recommendation is decided by the "
+            "study's own calibration, see README)"
+        ),
+    )
+    confidence: float = field(
+        default=0.9, metadata=_help("level of every interval and of the one-sided bounds in constraints")
+    )
+    decision_level: float = field(
+        default=0.6,
+        metadata=_help(
+            "level of the calibration's predicted task-loss bound that decides the recommendation "
+            "(benchmarks/decision_rule.py measures its error rate; intervals stay at --confidence)"
+        ),
+    )
+    confirm_k: int = field(
+        default=6,
+        metadata=_help(
+            "feasible front schedules scored on the task before recommending (a fidelity search: the "
+            "calibration's points; a score search: the candidates raced, each already within budget "
+            "on its own bound, so the fastest is confirmed)"
+        ),
+    )
+    timing_rounds: int = _timing_rounds()
+    timing_clock: str = _timing_clock()
+    fidelity_top_k: int = field(default=64, metadata=_help("unpruned tokens per step kept for the KL"))
+    fidelity_gold: bool = field(
+        default=False, metadata=_help("also record the change in gold-answer log-likelihood (2nd pass)")
+    )
+    output: str = field(default="runs", metadata=_help("results root"))
+    # the FLOP model tracks measured TTFT on CPU (README) and costs nothing, so a 20-minute study
+    # evaluates three times as many schedules; the held-out check times TTFT side by side either way
+    speedup: str = field(
+        default="flops",
+        metadata=_help(
+            "search objective: the FLOP model of TTFT (the held-out check still times TTFT), measured "
+            "TTFT timed in every trial, or measured whole-generation time (total)",
+            choices=SPEEDUP_MODES,
+        ),
+    )
+    new_tokens: int | None = field(
+        default=None,
+        metadata=_help("answer length timed for the total speedup (default: the timed example's own)"),
+    )
+    revival: str = field(
+        default="frozen",
+        metadata=_help("decoding revival policy of every trial's schedule: frozen, dynamic or budget:N"),
+    )
+    heldout: bool = field(default=True, metadata=_help("check the recommendation on the test split"))
+    tracking_uri: str | None = field(
+        default=None,
+        metadata=_help("MLflow tracking URI (default: sqlite file in the study folder; 'none' = off)"),
+    )
+    register: str | None = field(
+        default=None, metadata=_help("register the recommended schedule as this MLflow registered model")
+    )
+    n_workers: int = field(default=1, metadata=_help("local worker processes on this study"))
+    heartbeat_interval: int = field(default=10, metadata=_help("seconds between trial heartbeats"))
+    heartbeat_grace: int = field(
+        default=60, metadata=_help("seconds without a heartbeat before a trial counts as crashed")
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.split != "validation":
+            raise ValueError(f"split = {self.split!r}: a study searches on 'validation' (reports use test)")
+        if self.n_trials < 1:
+            raise ValueError(f"n_trials = {self.n_trials}: must be >= 1")
+        _seed("seed", self.seed)
+        _finite("timeout", self.timeout, low=0, strict=True)
+        check_sampler(self.sampler)
+        if self.speedup not in SPEEDUP_MODES:
+            raise ValueError(f"speedup = {self.speedup!r}: must be one of {', '.join(SPEEDUP_MODES)}")
+        _finite("max_accuracy_loss", self.max_accuracy_loss, low=0)
+        if self.accuracy not in ACCURACY_MODES:
+            raise ValueError(f"accuracy = {self.accuracy!r}: must be one of {', '.join(ACCURACY_MODES)}")
+        _finite("max_kl", self.max_kl, low=0, strict=True)
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError(f"confidence = {self.confidence}: must be in [0.5, 1), e.g. 0.9")
+        if not 0.5 <= self.decision_level < 1:
+            raise ValueError(f"decision_level = {self.decision_level}: must be in [0.5, 1), e.g. 0.6")
+        if self.confirm_k < 0:
+            raise ValueError(f"confirm_k = {self.confirm_k}: must be >= 0 (0 = no confirmation)")
+        if self.new_tokens is not None and self.new_tokens < 1:
+            raise ValueError(f"new_tokens = {self.new_tokens}: must be >= 1 (or null for the answer length)")
+        Revival.parse(self.revival)  # dynamic, frozen or budget:N; anything else is one line
+        _check_timing(self.timing_rounds, self.timing_clock)
+        if self.fidelity_top_k < 1:
+            raise ValueError(f"fidelity_top_k = {self.fidelity_top_k}: must be >= 1")
+        if self.n_workers < 1:
+            raise ValueError(f"n_workers = {self.n_workers}: must be >= 1")
+        if not 1 <= self.heartbeat_interval <= HEARTBEAT_MAX_S:
+            raise ValueError(
+                f"heartbeat_interval = {self.heartbeat_interval}: must be in 1..{HEARTBEAT_MAX_S} seconds"
+            )
+        if not self.heartbeat_interval < self.heartbeat_grace <= GRACE_MAX_S:
+            raise ValueError(
+                f"heartbeat_grace = {self.heartbeat_grace}: must be > heartbeat_interval "
+                f"({self.heartbeat_interval}) and <= {GRACE_MAX_S} seconds (a week)"
+            )
+        if self.study_name is not None and not _NAME.match(self.study_name):
+            raise ValueError(
+                f"study_name = {self.study_name!r}: use letters, digits, '_', '-' and '.' (it names a folder)"
+            )
+
+    @property
+    def name(self) -> str:
+        """The study name: given, or derived from model, task and search space (a path's file stem)."""
+        if self.study_name:
+            return self.study_name
+        space = (
+            Path(self.search_space).stem
+            if self.search_space.endswith((".yaml", ".yml"))
+            else self.search_space
+        )
+        return f"{self.model_slug}-{_slug(self.task)}-{_slug(space)}"
+
+    @property
+    def study_dir(self) -> Path:
+        return Path(self.output) / self.name
+
+    @property
+    def storage_url(self) -> str:
+        """Any Optuna storage URL; default a SQLite file in the study folder."""
+        return self.storage or f"sqlite:///{(self.study_dir / 'study.db').resolve()}"
+
+    def study_identity(self) -> dict[str, Any]:
+        """The settings a resumed study must share with the one that created it."""
+        keys = ("model", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
+                "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival", "timing_clock",
+                "confidence", "fidelity_top_k", "fidelity_gold")  # fmt: skip
+        return {k: getattr(self, k) for k in keys}
+
+
+@dataclass(frozen=True)
+class EvaluateSettings(EvalSettings):
+    """``python -m tuner.evaluate``: methods compared on a split (test by default)."""
+
+    split: str = field(default="test", metadata=_help("which split of each dataset", choices=SPLITS))
+    schedule: str | None = field(
+        default=None, metadata=_help("LazyLLM schedule JSON (needed by every method but baseline)")
+    )
+    methods: str = field(
+        default="baseline,random,static,compression,lazyllm", metadata=_help("comma list of methods")
+    )
+    seed: int = field(default=0, metadata=_help("seed of the methods that draw at random"))
+    output: str | None = field(
+        default=None, metadata=_help("results folder (default: outputs/evaluate/<model>-<task>-<split>)")
+    )
+    allow_other_model: bool = field(
+        default=False, metadata=_help("use a schedule made for another model of the same depth")
+    )
+    method_options: str | None = field(
+        default=None,
+        metadata=_help("method knobs, comma list of METHOD.KNOB=VALUE, e.g. gemfilter.k=0.3,tsp.layer=14"),
+    )
+    match_speedup: bool = field(
+        default=False,
+        metadata=_help("also compare the peers (gemfilter, tsp) with the schedule at matched speed and loss"),
+    )
+    # speedups are measured as the search measures them (tuner.evaluation.speed)
+    timing_rounds: int = _timing_rounds()
+    timing_clock: str = _timing_clock()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _seed("seed", self.seed)
+        if not self.method_list:
+            raise ValueError("methods is empty: pass a comma list such as baseline,lazyllm")
+        for method in self.method_list:
+            check_method(method)
+        self.options_by_method  # noqa: B018 - validates names and values before any model loads
+        if self.schedule is None and (self.match_speedup or any(needs_schedule(m) for m in self.method_list)):
+            needing = [m for m in self.method_list if needs_schedule(m)] or ["--match-speedup"]
+            raise ValueError(f"--schedule is needed for {', '.join(needing)}")
+        _check_timing(self.timing_rounds, self.timing_clock)
+
+    @property
+    def options_by_method(self) -> dict[str, dict[str, float]]:
+        """``method_options`` parsed and validated: method -> knob -> value."""
+        return parse_method_options(self.method_options)
+
+    @property
+    def method_list(self) -> list[str]:
+        return [m.strip() for m in self.methods.split(",") if m.strip()]
+
+    @property
+    def out_dir(self) -> Path:
+        """``output``, or a folder derived from model, task and split (runs never overwrite each other)."""
+        if self.output:
+            return Path(self.output)
+        return Path("outputs") / "evaluate" / f"{self.model_slug}-{_slug(self.task)}-{self.split}"
+
+
+S = TypeVar("S", bound=EvalSettings)
+_PRESET_CLASSES: tuple[type[EvalSettings], ...] = (SearchSettings, EvaluateSettings)
+
+
+def _field_names(cls: type[EvalSettings]) -> set[str]:
+    return {f.name for f in fields(cls)}
+
+
+def load_preset(name_or_path: str, cls: type[EvalSettings] = SearchSettings) -> dict[str, Any]:
+    """Read a preset: a name under ``studies/`` (``qa`` -> ``studies/qa.yaml``) or a YAML path.
+
+    A preset may hold any setting of the search or of the evaluation CLI; ``cls`` keeps the ones it
+    has (so one preset describes the same examples to both). A key neither knows is an error.
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = STUDIES_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        available = sorted(p.stem for p in STUDIES_DIR.glob("*.yaml"))
+        raise ValueError(
+            f"Unknown preset {name_or_path!r}. Available: {', '.join(available)} (or a YAML path)"
+        )
+    try:
+        data = load_strict(path.read_text()) or {}  # a key given twice is an error, as in a search space
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"preset {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, Mapping):
+        raise ValueError(f"preset {path} must be a mapping of setting: value")
+    known = set().union(*(_field_names(c) for c in _PRESET_CLASSES))
+    unknown = set(map(str, data)) - known
+    if unknown:
+        raise ValueError(
+            f"preset {path}: unknown setting(s) {sorted(unknown)}; valid: {', '.join(sorted(known))}"
+        )
+    mine = _field_names(cls)
+    return {k: v for k, v in data.items() if k in mine}
+
+
+def resolve_settings(
+    preset: str | None,
+    overrides: Mapping[str, Any],
+    cls: type[S] = SearchSettings,  # type: ignore[assignment]
+) -> S:
+    """Defaults, then the preset, then the CLI ``overrides`` (None values mean "not given")."""
+    values: dict[str, Any] = {}
+    if preset:
+        values.update(load_preset(preset, cls))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    for f in fields(cls):
+        if f.name in values:
+            _check_type(f, values[f.name])
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ValueError(f"bad settings: {exc}") from None
+
+
+def settings_from_flags(args: Any, cls: type[S]) -> S:
+    """Settings of type ``cls`` from parsed flags: ``--preset`` (if any), then every flag given."""
+    values = dict(vars(args))
+    preset = values.pop("preset", None)
+    values.pop("debug", None)
+    return resolve_settings(preset, values, cls)
+
+
+_SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _base_type(f: dataclasses.Field[Any]) -> tuple[str, bool]:
+    """('int' | 'float' | 'str' | 'bool', nullable) from the field's annotation string."""
+    parts = [p.strip() for p in str(f.type).split("|")]
+    nullable = "None" in parts
+    base = next(p for p in parts if p != "None")
+    return base, nullable
+
+
+def _check_type(f: dataclasses.Field[Any], value: Any) -> None:
+    base, nullable = _base_type(f)
+    if value is None and nullable:
+        return
+    ok = isinstance(value, _SCALARS[base]) and not (base != "bool" and isinstance(value, bool))
+    if not ok:
+        what = f"{base} or null" if nullable else base
+        raise ValueError(f"{f.name} = {value!r}: must be {what}")
+
+
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type[EvalSettings],
+    *,
+    only: set[str] | None = None,
+    exclude: set[str] = frozenset(),  # type: ignore[assignment]
+    helps: Mapping[str, str] | None = None,
+) -> None:
+    """One ``--flag`` per field of ``cls`` (help and choices from the field); unset flags are None.
+
+    ``helps`` replaces a field's help text (and its default) where another command means the setting
+    differently (``tuner.export``: the study's own budget is the default)."""
+    for f in fields(cls):
+        if f.name in exclude or (only is not None and f.name not in only):
+            continue
+        base, _ = _base_type(f)
+        flag = "--" + f.name.replace("_", "-")
+        meta = dict(f.metadata)
+        text = (helps or {}).get(f.name) or f"{meta.get('help', '')} (default: {f.default})"
+        if base == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+            continue
+        kind = {"int": int, "float": float, "str": str}[base]
+        parser.add_argument(flag, type=kind, default=None, choices=meta.get("choices"), help=text)
