@@ -1,7 +1,7 @@
-"""The README's MLflow UI section, tested as written.
+"""The MLflow UI section of the docs (docs/mlflow.md, linked from the README), tested as written.
 
 Runs a finished tiny study with the default stores, starts the README's own ``mlflow ui`` command
-(read from README.md; only the study folder and the port are substituted) on 127.0.0.1, and checks
+(read from docs/mlflow.md; only the study folder and the port are substituted) on 127.0.0.1, and checks
 through the REST API what the README promises: experiment ``lazyllm-tuner``, a parent run named after
 the study that is FINISHED, children ``trial-<n>`` nested under it with the metrics the README names,
 the parent's and the trials' artifacts, and the runs-table URL serving the UI.
@@ -24,7 +24,7 @@ import pytest
 from tests.support import longbench_dir, stop_process_group, wait_for_http
 from tuner.search import main
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[3] / "docs" / "mlflow.md"  # the README's MLflow page
 README_STUDY = "runs/smollm2-135m-qa-stages"
 README_METRICS = {  # the default study measures fidelity (README: kl and top1, the loss with its interval)
     "speedup",
