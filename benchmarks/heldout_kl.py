@@ -63,8 +63,7 @@ def row_schedules(heldout: dict[str, Any], recommended: Schedule) -> dict[str, S
     """Each ``heldout.json`` row's schedule by label: the recommendation, and the hand-made picks rebuilt
     by name from :func:`tuner.study.handmade.families` (the study's revival), checked against the
     percentiles the row recorded."""
-    revival = str(recommended.revival)
-    grids = families(recommended.model, recommended.num_layers, revival)
+    grids = families(recommended.model, recommended.num_layers, recommended.revival)
     out = {"recommended": recommended}
     for family, name in heldout["best_hand_made"].items():
         out[f"best {family} ({name})"] = grids[family][name]

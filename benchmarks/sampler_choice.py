@@ -21,7 +21,8 @@ import optuna
 
 from lazyllm.models import load_model
 from tuner.evaluation.runner import Evaluator
-from tuner.stages.trial import BaselineStats, TrialRunner
+from tuner.stages.trial import TrialRunner
+from tuner.statistics.losses import BaselineStats, Budget
 from tuner.study.samplers import make_sampler
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import load_space
@@ -59,7 +60,9 @@ def main() -> int:
     space = load_space(settings.search_space)
     evaluator = Evaluator(model, tokenizer, settings, Path("benchmarks/results/cache"), progress=False)
     baseline = BaselineStats.of(evaluator.baseline_results())
-    runner = TrialRunner(settings, model, tokenizer, evaluator, space, baseline)
+    runner = TrialRunner(
+        settings, model, tokenizer, evaluator, space, baseline, Budget.from_settings(settings)
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table: dict[str, list[float]] = {}
     for name in args.samplers:

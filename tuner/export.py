@@ -30,6 +30,8 @@ from lazyllm.cli import cli_main
 from lazyllm.schedule import Schedule
 from tuner.redact import redact_text, redact_url
 from tuner.report.files import write_outcome
+from tuner.statistics.losses import Budget
+from tuner.study.identity import StudyIdentity
 from tuner.study.outcome import StudyOutcome
 from tuner.study.preflight import check_budget, check_tracking
 from tuner.study.settings import SearchSettings, add_flags
@@ -154,12 +156,14 @@ def _export(args: argparse.Namespace) -> int:
     if not args.storage:
         raise ValueError("--study-name needs --storage URL")
     study = load_existing_study(args.study_name, args.storage)
-    budget = args.max_accuracy_loss
-    if budget is None:
-        budget = float(study.user_attrs.get("identity", {}).get("max_accuracy_loss", 0.0))
     if args.register:  # check the MLflow store before writing anything
         logged = str(study.user_attrs.get("mlflow_tracking_uri") or "")
         uri = existing_tracking_uri(args.tracking_uri, logged if "***" not in logged else None)
+    identity = StudyIdentity.of_study(study)
+    if identity is None:
+        raise ValueError(f"study {args.study_name!r} was not created by tuner.search (it has no identity)")
+    stored = Budget.from_settings(identity)
+    budget = stored if args.max_accuracy_loss is None else stored.with_task(args.max_accuracy_loss)
     out = args.out or Path("runs") / args.study_name
     outcome = StudyOutcome.from_study(study, budget)
     write_outcome(outcome, out)
@@ -174,8 +178,8 @@ def _export(args: argparse.Namespace) -> int:
         from tuner.tracking.registry import register_trial
 
         if best is None:
-            raise ValueError(f"no trial within the loss budget {budget}: nothing to register")
-        tags = {"storage": redact_url(args.storage), "max_accuracy_loss": budget}
+            raise ValueError(f"no trial within the loss budget {budget.task.budget:g}: nothing to register")
+        tags = {"storage": redact_url(args.storage), "max_accuracy_loss": budget.task.budget}
         version = register_trial(
             _client(uri), study, outcome, best, args.register, alias=args.alias, tags=tags
         )

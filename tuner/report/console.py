@@ -10,7 +10,7 @@ _TIMED = {"measured": "TTFT", "total": "generation", "flops": "FLOP"}
 
 def summary_lines(outcome: StudyOutcome) -> list[str]:
     loss = outcome.search_loss
-    kind = outcome.identity.get("speedup", "measured")
+    kind = outcome.identity.speedup
     out = [f"Pareto front ({len(outcome.front)} trials; speedup = {kind}; loss = {loss.what}, {loss.unit}):"]
     for r in outcome.front:
         out.append(

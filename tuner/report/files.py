@@ -82,7 +82,7 @@ def front_rows(outcome: StudyOutcome) -> list[dict[str, Any]]:
             {
                 "trial": r.number,
                 "speedup": round(r.values[0], 4),
-                "speedup_kind": outcome.identity.get("speedup", "measured"),
+                "speedup_kind": outcome.identity.speedup,
                 "accuracy_loss": round(r.loss.value, 4),
                 "accuracy_loss_unit": outcome.search_loss.unit,
                 "accuracy_loss_interval": [round(r.loss.low, 4), round(r.loss.high, 4)],

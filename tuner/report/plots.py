@@ -63,7 +63,7 @@ def pareto_figure(outcome: StudyOutcome) -> Figure:
         state = "provisional" if outcome.provisional else "confirmed"
         ax.scatter([best.values[0]], [best.values[1]], marker="*", s=260, c="C1", edgecolors="black",
                    zorder=5, label=f"recommended ({state}): trial {best.number}")  # fmt: skip
-    kind = str(outcome.identity.get("speedup", "measured"))
+    kind = outcome.identity.speedup
     what = {"measured": "measured TTFT", "total": "measured whole generation", "flops": "FLOP model"}
     ax.set_xlabel(f"speedup ({what.get(kind, kind)}, x)")
     ax.set_ylabel(loss.label)

@@ -22,22 +22,20 @@ The stage returns a :class:`Confirmation`; it writes nothing. The session stores
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner.evaluation.runner import loss_estimate
 from tuner.stages.front import feasible_front
+from tuner.stages.rule import pooled_rule
 from tuner.stages.trial import TrialRunner
 from tuner.statistics.bootstrap import Estimate
-from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
+from tuner.statistics.calibration import Calibration
 from tuner.statistics.losses import ScoreLoss
 from tuner.study.records import TrialRecord
-
-T = TypeVar("T")
 
 STATUSES = ("confirmed", "failed", "skipped", "scored")
 CONFIRMATION_ATTR = "confirmation"
@@ -191,7 +189,7 @@ def confirm_direct(
     records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int
 ) -> Confirmation:
     """Race the top ``k`` feasible front records (fastest first) on their own task-score bound."""
-    budget = ScoreLoss(runner.settings.max_accuracy_loss)
+    budget = runner.budget.task
     n = len(runner.evaluator.examples)
     out: list[CandidateResult] = []
     done = False
@@ -201,7 +199,7 @@ def confirm_direct(
             continue
         est = _reusable(r, n)
         if est is None:
-            scored = budget.measure(runner, runner.engine(r.schedule), f"confirm trial {r.number}")
+            scored = budget.measure(runner.context, runner.engine(r.schedule), f"confirm trial {r.number}")
             if scored.estimate is None:
                 out.append(candidate_of(r, "failed", None, str(scored.stopped)))
                 continue
@@ -220,74 +218,49 @@ def candidate_of(r: TrialRecord, status: str, loss: Estimate | None, reason: str
     return CandidateResult(r.number, r.schedule.percentiles, speedup, search_loss, status, loss, reason)
 
 
-def spread(front: Sequence[T], k: int) -> list[T]:
-    """Up to ``k`` records of ``front`` (fastest first) spread evenly over it, the fastest included:
-    the calibration learns most from schedules that span the range of drift."""
-    if len(front) <= k:
-        return list(front)
-    picks = sorted({round(i * (len(front) - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
-    return [front[i] for i in picks]
-
-
 def confirm_pooled(
     records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int
 ) -> Confirmation:
-    """Task-score ``k`` front schedules spread over the feasible front, fit the pooled calibration of
-    task loss on KL, and recommend the fastest front schedule whose predicted task-loss bound (at
-    ``decision_level``) is within the budget (no farther than the largest scored KL)."""
-    budget = ScoreLoss(runner.settings.max_accuracy_loss)
+    """Run the pooled decision rule (:func:`tuner.stages.rule.pooled_rule`) on the study's records,
+    task-scoring its ``k`` schedules on every validation example, and report every front schedule it
+    judged (the pick confirmed, the other scored ones as evidence)."""
     level = runner.settings.confidence
-    front = feasible_front(records, runner.search_loss)
-    drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
-    scored: list[ScoredSchedule] = []
     direct: dict[int, Estimate] = {}
-    for r in spread(drifting, k):
+    base = {(b.dataset, b.record_id): b.score for b in runner.baseline.results}
+
+    def task_loss(r: TrialRecord) -> dict[str, float]:
         results, _ = runner.evaluator.evaluate(
             "lazyllm", runner.engine(r.schedule), desc=f"task score of trial {r.number}"
         )
-        base = {(b.dataset, b.record_id): b.score for b in runner.baseline.results}
-        task = {
+        direct[r.number] = loss_estimate(results, runner.baseline.results, level=level)
+        return {
             f"{x.dataset}/{x.record_id}": 100.0 * (base[(x.dataset, x.record_id)] - x.score) for x in results
         }
-        scored.append(ScoredSchedule(r.number, r.per_example, task))
-        direct[r.number] = loss_estimate(results, runner.baseline.results, level=level)
+
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
-    calibration = fit(
-        scored, runner.weights, level=runner.settings.decision_level, confidence=runner.settings.confidence
-    )
+    decision = pooled_rule(
+        records, runner.search_loss, runner.budget.task, k, runner.weights, task_loss,
+        level=runner.settings.decision_level, confidence=level,
+    )  # fmt: skip
+    picked = decision.picked
     out: list[CandidateResult] = []
-    picked: TrialRecord | None = None
-    for r in front:  # fastest first
-        kl = r.values[1]
-        if kl == 0:
-            ok, why = True, "no drift (KL 0): the unpruned model's answers"
-        elif calibration is None:
-            ok, why = False, "no calibration (no scored schedule drifted)"
-        else:
-            est, up = calibration.predicted(kl)
-            ok = up <= budget.budget and calibration.covers(kl)
-            why = (
-                f"KL {kl:.4f} nats; {calibration.no_cost_text()}"  # a negative loss is no gain
-                if calibration.slope <= 0
-                else f"predicted task loss {est:.2f} (upper bound {up:.2f}) score points at KL {kl:.4f} nats "
-                f"{'<=' if ok else '>'} budget {budget.budget:g}"
-            )
-            if up <= budget.budget and not calibration.covers(kl):
-                why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
-        status = "confirmed" if ok and picked is None else ("scored" if r.number in direct else None)
-        if ok and picked is None:
-            picked = r
+    for v in decision.verdicts:  # fastest first
+        r = v.record
+        status = "confirmed" if picked is not None and r.number == picked.number else None
+        if status is None and r.number in direct:
+            status = "scored"
         if status is None:
             continue
-        if r.number in direct:
-            why += f"; its own task-score loss {direct[r.number].text()} score points"
+        why = v.why + (
+            f"; its own task-score loss {direct[r.number].text()} score points" if r.number in direct else ""
+        )
         out.append(candidate_of(r, status, direct.get(r.number), why))
     return Confirmation(
-        budget.budget,
+        runner.budget.task.budget,
         level,
         tuple(out),
         len(runner.evaluator.examples),
         complete_trials,
         "pooled",
-        calibration,
+        decision.calibration,
     )

@@ -59,7 +59,7 @@ def pick(
     for name in order:
         est = known.get(schedule_key(grid[name]))
         if est is None:
-            est = runner.search_loss.measure(runner, runner.engine(grid[name]), name).estimate
+            est = runner.search_loss.measure(runner.context, runner.engine(grid[name]), name).estimate
         seen.append(
             Candidate(name, grid[name], flop_speedup(grid[name], runner.dims, runner.prompt_tokens), est)
         )
@@ -168,6 +168,100 @@ def verdict(label: str, other: str, rec: list[ExampleResult], hand: list[Example
     return f"{better} loses less on test: loss difference ({label} - {other}) {diff.value:+.2f} score points {span}"
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A schedule the held-out check evaluates on test, with what validation said of it.
+
+    Attributes:
+        label: ``recommended`` or ``best <family> (<name>)``.
+        schedule: the schedule.
+        validation_speedup: its speed on validation (the search's objective, or the FLOP model).
+        validation_loss: its search loss on validation (None: stopped early).
+        validation_task_loss: its task-score loss from confirmation (the recommendation only).
+    """
+
+    label: str
+    schedule: Schedule
+    validation_speedup: float
+    validation_loss: float | None
+    validation_task_loss: Estimate | None = None
+
+
+def hand_made_picks(
+    runner: TrialRunner, records: Sequence[TrialRecord]
+) -> tuple[dict[str, Candidate], dict[str, list[Candidate]]]:
+    """Each family's pick on validation, and every candidate evaluated on the way (search losses the
+    study already measured are reused, not measured again)."""
+    known = {schedule_key(r.schedule): r.loss for r in records if r.loss is not None}
+    best: dict[str, Candidate] = {}
+    seen: dict[str, list[Candidate]] = {}
+    for family, grid in families(
+        runner.settings.model, runner.num_layers, runner.settings.revival_policy
+    ).items():
+        best[family], seen[family] = pick(runner, grid, known)
+    return best, seen
+
+
+def entries(
+    recommended: TrialRecord | None, task_loss: Estimate | None, best: Mapping[str, Candidate]
+) -> list[Entry]:
+    """The recommendation (if any) first, then each family's pick."""
+    out = []
+    if recommended is not None:
+        speedup, loss = recommended.values
+        out.append(Entry("recommended", recommended.schedule, speedup, loss, task_loss))
+    for family, c in best.items():
+        value = None if c.loss is None else c.loss.value
+        out.append(Entry(f"best {family} ({c.name})", c.schedule, c.flop_speedup, value))
+    return out
+
+
+def evaluate_on_test(
+    runner: TrialRunner, todo: Sequence[Entry]
+) -> tuple[list[HeldoutRow], dict[str, list[ExampleResult]]]:
+    """Every entry's test row and per-example results. A hand-made pick may be the recommended
+    schedule itself: it is evaluated (and timed) once. Speed claims are measured: a FLOP-model search
+    still gets its TTFT timed here, side by side."""
+    settings = runner.settings
+    test = Evaluator(
+        runner.model, runner.tokenizer, settings.with_split("test"), settings.study_dir / "cache",
+        progress=runner.evaluator.progress,
+    )  # fmt: skip
+    test_runner = runner.with_evaluator(test)
+    base_test = test.baseline_results()
+    timed = "measured" if settings.speedup == "flops" else settings.speedup
+    rows: list[HeldoutRow] = []
+    results: dict[str, list[ExampleResult]] = {}
+    evaluated: dict[str, tuple[list[ExampleResult], SpeedMeasurement | None]] = {}
+    for e in todo:
+        key = schedule_key(e.schedule)
+        if key not in evaluated:
+            engine = test_runner.engine(e.schedule)
+            res, _ = test.evaluate("lazyllm", engine, desc=f"{e.label} (test)")
+            evaluated[key] = (res, test_runner.measure_speed(engine, e.schedule, timed))
+        res, speed = evaluated[key]
+        results[e.label] = res
+        flops = flop_speedup(e.schedule, test_runner.dims, test_runner.prompt_tokens)
+        rows.append(
+            HeldoutRow(
+                label=e.label,
+                schedule=e.schedule,
+                validation_speedup=e.validation_speedup,
+                validation_loss=e.validation_loss,
+                validation_task_loss=e.validation_task_loss,
+                test_speedup=speed.speedup if speed is not None else flops,
+                test_flop_speedup=flops,
+                test_loss=loss_estimate(res, base_test, level=settings.confidence),
+                test_score=macro_score(res),
+                test_baseline_score=macro_score(base_test),
+                n_validation=len(runner.evaluator.examples),
+                n_test=len(test.examples),
+                test_speed_kind=timed,
+            )
+        )
+    return rows, results
+
+
 def heldout_check(
     runner: TrialRunner,
     recommended: TrialRecord | None,
@@ -176,68 +270,18 @@ def heldout_check(
 ) -> HeldoutReport:
     """Best hand-made schedules (picked on validation) vs the recommendation, on test; see the module
     docstring. ``records``: the study's trials, whose complete losses the validation picks reuse."""
-    settings = runner.settings
-    known = {schedule_key(r.schedule): r.loss for r in records if r.loss is not None}
-    best: dict[str, Candidate] = {}
-    seen: dict[str, list[Candidate]] = {}
-    for family, grid in families(settings.model, runner.num_layers, settings.revival).items():
-        best[family], seen[family] = pick(runner, grid, known)
-
-    test = Evaluator(
-        runner.model, runner.tokenizer, settings.with_split("test"), settings.study_dir / "cache",
-        progress=runner.evaluator.progress,
-    )  # fmt: skip
-    test_runner = runner.with_evaluator(test)
-    base_test = test.baseline_results()
-    n_val = len(runner.evaluator.examples)
-    candidates: list[tuple[str, Schedule, float, float | None, Estimate | None]] = []
-    if recommended is not None:
-        speedup, loss = recommended.values
-        candidates.append(("recommended", recommended.schedule, speedup, loss, task_loss))
-    for family, c in best.items():
-        value = None if c.loss is None else c.loss.value
-        candidates.append((f"best {family} ({c.name})", c.schedule, c.flop_speedup, value, None))
-    # speed claims are measured: a FLOP-model search still gets its TTFT timed here, side by side
-    timed = "measured" if settings.speedup == "flops" else settings.speedup
-    rows: list[HeldoutRow] = []
-    results: dict[str, list[ExampleResult]] = {}
-    # a hand-made pick may be the recommended schedule itself: evaluated (and timed) once
-    evaluated: dict[str, tuple[list[ExampleResult], SpeedMeasurement | None]] = {}
-    for label, sched, val_speed, val_loss, val_task in candidates:
-        key = schedule_key(sched)
-        if key not in evaluated:
-            engine = test_runner.engine(sched)
-            res, _ = test.evaluate("lazyllm", engine, desc=f"{label} (test)")
-            evaluated[key] = (res, test_runner.measure_speed(engine, sched, timed))
-        res, speed = evaluated[key]
-        results[label] = res
-        flops = flop_speedup(sched, test_runner.dims, test_runner.prompt_tokens)
-        rows.append(
-            HeldoutRow(
-                label=label,
-                schedule=sched,
-                validation_speedup=val_speed,
-                validation_loss=val_loss,
-                validation_task_loss=val_task,
-                test_speedup=speed.speedup if speed is not None else flops,
-                test_flop_speedup=flops,
-                test_loss=loss_estimate(res, base_test, level=settings.confidence),
-                test_score=macro_score(res),
-                test_baseline_score=macro_score(base_test),
-                n_validation=n_val,
-                n_test=len(test.examples),
-                test_speed_kind=timed,
-            )
-        )
+    best, seen = hand_made_picks(runner, records)
+    todo = entries(recommended, task_loss, best)
+    rows, results = evaluate_on_test(runner, todo)
+    level = runner.settings.confidence
     verdicts: tuple[str, ...] = ()
     if "recommended" in results:
         verdicts = tuple(
-            verdict("recommended", label, results["recommended"], results[label], settings.confidence)
-            for label, *_ in candidates[1:]
+            verdict("recommended", e.label, results["recommended"], results[e.label], level) for e in todo[1:]
         )
     return HeldoutReport(
-        level=settings.confidence,
-        budget=settings.max_accuracy_loss,
+        level=level,
+        budget=runner.budget.task.budget,
         search_unit=runner.search_loss.unit,
         best_hand_made=best,
         hand_made_validation=seen,

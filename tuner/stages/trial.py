@@ -12,7 +12,7 @@
   as fast confidently beats its loss (:meth:`tuner.statistics.losses.FidelityLoss.dominated`): it would be
   dominated on the front, so its remaining examples are not spent.
 * A proposal that repeats a schedule the study already evaluated (or is evaluating) takes no slot:
-  the trial is refused (FAILED with system attr ``duplicate_of``, not counted towards ``n_trials``)
+  the trial is refused (PRUNED with system attr ``duplicate_of``, not counted towards ``n_trials``)
   and a fresh random draw from the space is queued, so the next trial explores.
 """
 
@@ -32,7 +32,7 @@ from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation.fidelity import FidelityEvaluator
-from tuner.evaluation.runner import Evaluator, ExampleResult
+from tuner.evaluation.runner import Evaluator
 from tuner.evaluation.speed import (
     SpeedMeasurement,
     generation_timer,
@@ -41,14 +41,11 @@ from tuner.evaluation.speed import (
     resolve_clock,
 )
 from tuner.statistics.bootstrap import macro_weights
-from tuner.statistics.losses import Loss, LossResult, Rival, loss_of
+from tuner.statistics.losses import BaselineStats, Budget, Loss, LossResult, MeasureContext, Rival
 from tuner.study.records import TrialRecord, schedule_key
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import SearchSpace
-from tuner.study.workers import DuplicateSchedule, SurplusTrial, is_surplus
-
-DUPLICATE_ATTR = "duplicate_of"
-"""System attr of a refused duplicate proposal: the trial number that holds that schedule."""
+from tuner.study.workers import DUPLICATE_ATTR, DuplicateSchedule, SurplusTrial, is_surplus
 
 
 def fresh_draw(space: SearchSpace, num_layers: int, study_seed: int, trial_number: int) -> dict[str, Any]:
@@ -59,28 +56,6 @@ def fresh_draw(space: SearchSpace, num_layers: int, study_seed: int, trial_numbe
     fresh = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed)).ask()
     space.suggest_params(fresh, num_layers)
     return dict(fresh.params)
-
-
-@dataclass(frozen=True)
-class BaselineStats:
-    """The unpruned model's LongBench score (0-100) per dataset and its example counts."""
-
-    results: tuple[ExampleResult, ...]
-    scores: dict[str, float]
-    counts: dict[str, int]
-
-    @classmethod
-    def of(cls, results: list[ExampleResult] | tuple[ExampleResult, ...]) -> BaselineStats:
-        if not results:
-            raise ValueError("the baseline has no examples")
-        by: dict[str, list[float]] = {}
-        for r in results:
-            by.setdefault(r.dataset, []).append(r.score)
-        return cls(
-            results=tuple(results),
-            scores={d: 100.0 * statistics.fmean(s) for d, s in by.items()},
-            counts={d: len(s) for d, s in by.items()},
-        )
 
 
 @dataclass
@@ -97,11 +72,9 @@ class TrialRunner:
     evaluator: Evaluator
     space: SearchSpace
     baseline: BaselineStats
-    loss: Loss | None = None
+    budget: Budget
 
     def __post_init__(self) -> None:
-        if self.loss is None:
-            self.loss = loss_of(self.settings)
         self.num_layers = int(self.model.config.num_hidden_layers)
         self.dims = ModelDims.from_config(self.model.config)
         examples = self.evaluator.examples
@@ -121,9 +94,16 @@ class TrialRunner:
             self.fidelity.references()
 
     @property
+    def context(self) -> MeasureContext:
+        """What the losses read to measure a schedule on this runner's examples."""
+        return MeasureContext(
+            self.evaluator, self.fidelity, self.baseline, self.weights, self.settings.confidence
+        )
+
+    @property
     def search_loss(self) -> Loss:
-        assert self.loss is not None  # set in __post_init__
-        return self.loss
+        """What the search minimises, with its cap."""
+        return self.budget.search
 
     def engine(self, schedule: Schedule) -> LazyLLM:
         return LazyLLM(self.model, schedule, tokenizer=self.tokenizer, strict_model_name=False)
@@ -131,7 +111,7 @@ class TrialRunner:
     def with_evaluator(self, evaluator: Evaluator) -> TrialRunner:
         """The same study on other examples (the held-out check's test split)."""
         return TrialRunner(
-            self.settings, self.model, self.tokenizer, evaluator, self.space, self.baseline, self.loss
+            self.settings, self.model, self.tokenizer, evaluator, self.space, self.baseline, self.budget
         )
 
     # --- the objective, as named steps ------------------------------------------------------------
@@ -142,7 +122,7 @@ class TrialRunner:
         self.refuse_duplicate(trial, schedule)
         engine = self.engine(schedule)
         rivals = self.rivals(trial.study, schedule)
-        measured = self.search_loss.measure(self, engine, f"trial {trial.number}", rivals)
+        measured = self.search_loss.measure(self.context, engine, f"trial {trial.number}", rivals)
         if measured.estimate is None:
             self.record(trial, schedule, measured, None, start).store(trial)
             raise optuna.TrialPruned(measured.stopped)
@@ -160,7 +140,7 @@ class TrialRunner:
     def propose(self, trial: optuna.Trial) -> Schedule:
         """The space's schedule for this trial, with the study's decoding policy."""
         return self.space.suggest(trial, self.settings.model, self.num_layers).with_revival(
-            self.settings.revival
+            self.settings.revival_policy
         )
 
     def rivals(self, study: optuna.Study, schedule: Schedule) -> list[Rival]:
@@ -196,7 +176,7 @@ class TrialRunner:
                     sched = self.space.to_schedule(t.params, self.settings.model, self.num_layers)
                 except ValueError:
                     continue
-                seen.setdefault(schedule_key(sched.with_revival(self.settings.revival)), t.number)
+                seen.setdefault(schedule_key(sched.with_revival(self.settings.revival_policy)), t.number)
         return seen
 
     def refuse_duplicate(self, trial: optuna.Trial, schedule: Schedule) -> None:

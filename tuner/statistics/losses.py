@@ -17,17 +17,67 @@ from __future__ import annotations
 import math
 import statistics
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from tuner.evaluation.fidelity import ExampleDrift
-from tuner.evaluation.runner import ExampleResult, loss_estimate, summarize
+from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
+from tuner.evaluation.runner import Evaluator, ExampleResult, loss_estimate, summarize
 from tuner.statistics.bootstrap import Estimate, estimate
 
 if TYPE_CHECKING:
     from lazyllm.engine import LazyLLM
-    from tuner.stages.trial import TrialRunner
+
+
+@dataclass(frozen=True)
+class BaselineStats:
+    """The unpruned model's LongBench score (0-100) per dataset and its example counts."""
+
+    results: tuple[ExampleResult, ...]
+    scores: dict[str, float]
+    counts: dict[str, int]
+
+    @classmethod
+    def of(cls, results: Sequence[ExampleResult]) -> BaselineStats:
+        if not results:
+            raise ValueError("the baseline has no examples")
+        by: dict[str, list[float]] = {}
+        for r in results:
+            by.setdefault(r.dataset, []).append(r.score)
+        return cls(
+            results=tuple(results),
+            scores={d: 100.0 * statistics.fmean(s) for d, s in by.items()},
+            counts={d: len(s) for d, s in by.items()},
+        )
+
+
+@dataclass(frozen=True)
+class MeasureContext:
+    """What a loss reads to measure a schedule on one set of examples (and nothing else): the losses
+    and the stages that call them share this record instead of importing each other.
+
+    Attributes:
+        evaluator: runs the examples (generation and task score).
+        fidelity: teacher-forced KL against the unpruned model's references on the same examples.
+        baseline: the unpruned model's task scores on the same examples.
+        weights: example key (``dataset/record_id``) -> macro weight (each dataset counts once).
+        level: the one-sided confidence of a loss's bound (``--confidence``).
+    """
+
+    evaluator: Evaluator
+    fidelity: FidelityEvaluator
+    baseline: BaselineStats
+    weights: Mapping[str, float]
+    level: float
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.level < 1:
+            raise ValueError(f"confidence level = {self.level}: must be in [0.5, 1)")
+
+    @property
+    def total(self) -> int:
+        """How many examples a complete measurement runs."""
+        return len(self.evaluator.examples)
 
 
 @dataclass(frozen=True)
@@ -117,9 +167,9 @@ class Loss(ABC):
 
     @abstractmethod
     def measure(
-        self, runner: TrialRunner, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
+        self, ctx: MeasureContext, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
     ) -> LossResult:
-        """The loss of ``engine`` on ``runner``'s examples, stopping early when it cannot meet the
+        """The loss of ``engine`` on ``ctx``'s examples, stopping early when it cannot meet the
         budget or (where the loss supports it) once a rival at least as fast confidently beats it."""
 
 
@@ -132,7 +182,9 @@ class FidelityLoss(Loss):
     what: ClassVar[str] = "mean KL per answer token"
     digits: ClassVar[int] = 4
 
-    def early_stop(self, weights: dict[str, float], total: int, drifts: Sequence[ExampleDrift]) -> str | None:
+    def early_stop(
+        self, weights: Mapping[str, float], total: int, drifts: Sequence[ExampleDrift]
+    ) -> str | None:
         """Stop once the macro mean KL exceeds the budget even if every remaining example had KL 0."""
         if len(drifts) >= total:
             return None
@@ -146,7 +198,7 @@ class FidelityLoss(Loss):
         return None
 
     def dominated(
-        self, weights: dict[str, float], total: int, rivals: Sequence[Rival], level: float,
+        self, weights: Mapping[str, float], total: int, rivals: Sequence[Rival], level: float,
         drifts: Sequence[ExampleDrift],
     ) -> str | None:  # fmt: skip
         """Stop once a rival (at least as fast, by the caller's choice) has a mean KL below the lower
@@ -165,23 +217,21 @@ class FidelityLoss(Loss):
         return None
 
     def measure(
-        self, runner: TrialRunner, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
+        self, ctx: MeasureContext, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
     ) -> LossResult:
-        total = len(runner.evaluator.examples)
-        level = runner.settings.confidence
-        drifts, reason = runner.fidelity.evaluate(
+        drifts, reason = ctx.fidelity.evaluate(
             engine,
             should_stop=lambda d: (
-                self.early_stop(runner.weights, total, d)
-                or self.dominated(runner.weights, total, rivals, level, d)
+                self.early_stop(ctx.weights, ctx.total, d)
+                or self.dominated(ctx.weights, ctx.total, rivals, ctx.level, d)
             ),
             desc=desc,
         )
         if reason:
             return LossResult(None, stopped=reason, examples_run=len(drifts))
         keys = [f"{d.dataset}/{d.record_id}" for d in drifts]
-        weights = [runner.weights[k] for k in keys]
-        est = estimate([d.kl for d in drifts], weights, level=runner.settings.confidence)
+        weights = [ctx.weights[k] for k in keys]
+        est = estimate([d.kl for d in drifts], weights, level=ctx.level)
         by: dict[str, list[float]] = {}
         for d in drifts:
             by.setdefault(d.dataset, []).append(d.kl)
@@ -227,8 +277,7 @@ class ScoreLoss(Loss):
     what: ClassVar[str] = "LongBench score lost"
     digits: ClassVar[int] = 2
 
-    def early_stop(self, runner: TrialRunner, results: Sequence[ExampleResult]) -> str | None:
-        base = runner.baseline
+    def early_stop(self, base: BaselineStats, results: Sequence[ExampleResult]) -> str | None:
         if len(results) >= sum(base.counts.values()):
             return None  # all examples ran: a complete (possibly infeasible) trial, not a pruned one
         bound = optimistic_loss(results, base.scores, base.counts)
@@ -240,20 +289,20 @@ class ScoreLoss(Loss):
         return None
 
     def measure(
-        self, runner: TrialRunner, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
+        self, ctx: MeasureContext, engine: LazyLLM, desc: str, rivals: Sequence[Rival] = ()
     ) -> LossResult:
         """The task-score loss (``rivals`` are not used: one example's score says too little)."""
-        results, reason = runner.evaluator.evaluate(
+        results, reason = ctx.evaluator.evaluate(
             "lazyllm",
             engine,
-            should_stop=lambda r: self.early_stop(runner, r),
+            should_stop=lambda r: self.early_stop(ctx.baseline, r),
             desc=desc,
         )
         if reason:
             return LossResult(None, stopped=reason, examples_run=len(results))
-        baseline = runner.baseline.results
+        baseline = ctx.baseline.results
         summary = summarize(results, baseline)
-        est = loss_estimate(results, baseline, level=runner.settings.confidence)
+        est = loss_estimate(results, baseline, level=ctx.level)
         base = {(b.dataset, b.record_id): b.score for b in baseline}
         return LossResult(
             est,
@@ -283,27 +332,50 @@ def make_loss(kind: str, budget: float) -> Loss:
 
 KL_PER_POINT = 0.3
 """Default fidelity cap of a search, nats of mean KL per score point of the user's budget. It is an
-exploration cap, not the decision: the study's own calibration (:mod:`tuner.statistics.calibration`) picks the
-recommendation. On SmolLM2 (``benchmarks/objective_noise.py``, QA prompts, frozen revival) schedules
-lost about 5-8 points per nat on test, and the one-sided 90% bound of a schedule's mean KL on 13
-validation examples sits about twice its estimate; 0.3 nats per point keeps the schedules a budget
-may allow feasible (e.g. 40% after layers 8/16/24: KL 0.23, bound 0.48, test loss 1.2 points) and
-``benchmarks/decision_rule.py`` measured the rule's error rate with it."""
+exploration cap, not the decision: the study's own calibration (:mod:`tuner.statistics.calibration`)
+picks the recommendation; ``benchmarks/decision_rule.py`` measures the rule with it (docs/statistics.md)."""
 
 
-def search_budget(accuracy: str, max_kl: float | None, max_accuracy_loss: float) -> Loss:
-    """The search's loss: ``max_kl`` nats (or ``KL_PER_POINT`` nats per point of ``max_accuracy_loss``)
-    for fidelity, ``max_accuracy_loss`` score points for score."""
-    if accuracy == "fidelity":
-        return make_loss(accuracy, max_kl if max_kl is not None else KL_PER_POINT * max_accuracy_loss)
-    return make_loss(accuracy, max_accuracy_loss)
+@dataclass(frozen=True)
+class Budget:
+    """The user's accuracy budget, made once from the settings (:meth:`of`) and passed to every stage.
+
+    Attributes:
+        search: the loss the search minimises, with its cap in its own unit (``--max-kl`` nats, or
+            :data:`KL_PER_POINT` nats per point of ``--max-accuracy-loss``, for fidelity; the task
+            budget itself for a score search).
+        task: the user's budget in task-score points (``--max-accuracy-loss``): what confirmation,
+            the decision and the held-out check keep.
+    """
+
+    search: Loss
+    task: ScoreLoss
+
+    @classmethod
+    def of(cls, accuracy: str, max_accuracy_loss: float, max_kl: float | None = None) -> Budget:
+        """The budget of a study measuring ``accuracy`` (a name in :data:`LOSSES`)."""
+        task = ScoreLoss(max_accuracy_loss)
+        if accuracy == "fidelity":
+            cap = max_kl if max_kl is not None else KL_PER_POINT * max_accuracy_loss
+            return cls(make_loss(accuracy, cap), task)
+        return cls(make_loss(accuracy, max_accuracy_loss), task)
+
+    def with_task(self, points: float) -> Budget:
+        """The same search cap, with another task budget (``tuner.export --max-accuracy-loss``)."""
+        return Budget(self.search, ScoreLoss(points))
+
+    @classmethod
+    def from_settings(cls, settings: BudgetSettings) -> Budget:
+        """The budget a study's settings ask for: the one conversion from the flags."""
+        return cls.of(settings.accuracy, settings.max_accuracy_loss, settings.max_kl)
 
 
-def loss_of(settings: Any) -> Loss:
-    """The search's loss for a study's settings (:func:`search_budget`)."""
-    return search_budget(settings.accuracy, settings.max_kl, settings.max_accuracy_loss)
+class BudgetSettings(Protocol):
+    """The settings fields a :class:`Budget` is made from (``SearchSettings`` has them)."""
 
-
-def task_loss(settings: Any) -> ScoreLoss:
-    """The user's budget in task-score points (confirmation, held-out check)."""
-    return ScoreLoss(settings.max_accuracy_loss)
+    @property
+    def accuracy(self) -> str: ...
+    @property
+    def max_accuracy_loss(self) -> float: ...
+    @property
+    def max_kl(self) -> float | None: ...

@@ -16,7 +16,7 @@ its held-out check will hold it to.
 
 from __future__ import annotations
 
-from lazyllm.schedule import Schedule
+from lazyllm.schedule import Revival, Schedule
 
 ONE_STAGE_KEEPS = (10, 30, 50)
 """Shares of the prompt (%) a one-stage hand-made schedule keeps."""
@@ -63,7 +63,7 @@ def one_stage_grid(model_name: str, layers: int) -> dict[str, Schedule]:
     }
 
 
-def families(model_name: str, layers: int, revival: str) -> dict[str, dict[str, Schedule]]:
+def families(model_name: str, layers: int, revival: Revival) -> dict[str, dict[str, Schedule]]:
     """Both hand-made families, each schedule with the study's revival policy."""
     grids = {
         "paper-style": hand_made_grid(model_name, layers),

@@ -21,7 +21,8 @@ from lazyllm.schedule import Schedule
 from tuner.stages.confirm import Confirmation
 from tuner.stages.front import fastest_feasible, non_dominated, study_records
 from tuner.stages.heldout import HeldoutReport
-from tuner.statistics.losses import Loss, search_budget
+from tuner.statistics.losses import Budget, Loss
+from tuner.study.identity import StudyIdentity
 from tuner.study.records import TrialRecord
 
 
@@ -32,8 +33,7 @@ class StudyOutcome:
     Attributes:
         study_name: the Optuna study name.
         identity: the settings that define the study (model, task, search space, budgets...).
-        search_loss: the loss the search minimised, with its unit and budget.
-        task_budget: the user's budget in task-score points (confirmation, held-out check).
+        budget: the search's loss with its cap, and the user's budget in task-score points.
         records: every finished trial's record.
         confirmation: the confirmation stage's outcome, if it judged the current trials.
         heldout: the held-out check, if it ran.
@@ -41,9 +41,8 @@ class StudyOutcome:
     """
 
     study_name: str
-    identity: dict[str, Any]
-    search_loss: Loss
-    task_budget: float
+    identity: StudyIdentity
+    budget: Budget
     records: tuple[TrialRecord, ...]
     confirmation: Confirmation | None = None
     heldout: HeldoutReport | None = None
@@ -51,25 +50,33 @@ class StudyOutcome:
 
     @classmethod
     def from_study(
-        cls, study: optuna.Study, task_budget: float | None = None, *, with_records: bool = True
+        cls, study: optuna.Study, budget: Budget | None = None, *, with_records: bool = True
     ) -> StudyOutcome:
-        """The outcome a stored study supports (its records and still-current confirmation);
-        ``with_records=False`` reads only the study's identity (provenance of one trial's schedule)."""
-        identity = dict(study.user_attrs.get("identity", {}))
-        kind = str(identity.get("accuracy", "score"))
-        budget = float(task_budget if task_budget is not None else identity.get("max_accuracy_loss", 0.0))
-        max_kl = identity.get("max_kl")
-        search = search_budget(
-            kind, None if max_kl is None else float(max_kl), float(identity.get("max_accuracy_loss", budget))
-        )
+        """The outcome a stored study supports (its records and still-current confirmation), under
+        ``budget`` (default: the one the study was created with); ``with_records=False`` reads only
+        the study's identity (provenance of one trial's schedule)."""
+        identity = StudyIdentity.of_study(study)
+        if identity is None:
+            raise ValueError(
+                f"study {study.study_name!r} has no identity: it was not created by tuner.search"
+            )
         return cls(
             study_name=study.study_name,
             identity=identity,
-            search_loss=search,
-            task_budget=budget,
+            budget=Budget.from_settings(identity) if budget is None else budget,
             records=tuple(study_records(study)) if with_records else (),
             confirmation=Confirmation.of_study(study) if with_records else None,
         )
+
+    @property
+    def search_loss(self) -> Loss:
+        """The loss the search minimised, with its unit and cap."""
+        return self.budget.search
+
+    @property
+    def task_budget(self) -> float:
+        """The user's budget in task-score points."""
+        return self.budget.task.budget
 
     @property
     def complete(self) -> list[TrialRecord]:
@@ -97,16 +104,16 @@ class StudyOutcome:
     def sample_note(self) -> str:
         """How many examples stand behind each point: the evaluation's example count and the trial count."""
         runs = sorted({r.examples_run for r in self.complete})
-        per = self.identity.get("n_examples")
+        per = self.identity.n_examples
         return (
             f"n = {'/'.join(map(str, runs)) or '?'} validation examples per point "
-            f"({'all' if per is None else per} per dataset of {self.identity.get('task', '?')}), "
+            f"({'all' if per is None else per} per dataset of {self.identity.task}), "
             f"{len(self.complete)} complete trials"
         )
 
     def schedule_of(self, record: TrialRecord) -> Schedule:
         """``record``'s schedule with its provenance (and, for the recommendation, its confirmation)."""
-        speed_kind = str(self.identity.get("speedup", "measured"))
+        speed_kind = self.identity.speedup
         metrics: dict[str, Any] = {
             "speedup_kind": speed_kind,
             "flop_speedup": record.flop_speedup,
@@ -123,12 +130,12 @@ class StudyOutcome:
             "source": "lazyllm-tuner",
             "study": self.study_name,
             "trial": record.number,
-            "model": self.identity.get("model"),
-            "task": self.identity.get("task"),
+            "model": self.identity.model,
+            "task": self.identity.task,
             "split": "validation",
-            "search_space": self.identity.get("search_space"),
+            "search_space": self.identity.search_space,
             "metrics": metrics,
-            "settings": {k: v for k, v in self.identity.items() if k not in ("model", "task")},
+            "settings": {k: v for k, v in self.identity.to_dict().items() if k not in ("model", "task")},
             "lazyllm_version": lazyllm.__version__,
         }
         best = self.recommended

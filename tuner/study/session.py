@@ -30,7 +30,8 @@ from tuner.stages.confirm import confirm
 from tuner.stages.decision import TrialTiming, explain
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
-from tuner.stages.trial import DUPLICATE_ATTR, BaselineStats, TrialRunner
+from tuner.stages.trial import TrialRunner
+from tuner.statistics.losses import BaselineStats, Budget
 from tuner.study.outcome import StudyOutcome
 from tuner.study.preflight import check_search
 from tuner.study.records import TrialRecord
@@ -38,7 +39,7 @@ from tuner.study.settings import SearchSettings
 from tuner.study.spaces import load_space
 from tuner.study.storage import finished_trials, make_storage, open_study, study_lock, warm_start
 from tuner.study.stores import prepare_mlflow_store
-from tuner.study.workers import run_trials, worker_device, worker_threads
+from tuner.study.workers import DUPLICATE_ATTR, run_trials, worker_device, worker_threads
 from tuner.tracking.runs import Tracker, default_tracking_uri, wanted
 
 
@@ -133,6 +134,7 @@ class Session:
 def open_session(settings: SearchSettings, *, device: str | None = None, progress: bool = True) -> Session:
     """Load the model, open (or create) the study and its tracking, compute or read the baseline."""
     space = load_space(settings.search_space)
+    budget = Budget.from_settings(settings)  # the one conversion of the user's budget
     tracking_uri = settings.tracking_uri or default_tracking_uri(settings)
     model, tokenizer = load_model(settings.model, device=device, trust_remote_code=settings.trust_remote_code)
     layers = int(model.config.num_hidden_layers)
@@ -147,14 +149,14 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
             tracker = None
             if wanted(settings):
                 prepare_mlflow_store(tracking_uri)  # a new SQLite store is made atomically (Ctrl-C safe)
-                tracker = Tracker(tracking_uri, settings, study)
+                tracker = Tracker(tracking_uri, settings, study, budget)
             warm_start(study, space, layers)
         baseline = BaselineStats.of(evaluator.baseline_results())  # computed once, then read from the cache
     except BaseException:
         if storage is not None:
             storage.engine.dispose()
         raise
-    runner = TrialRunner(settings, model, tokenizer, evaluator, space, baseline)
+    runner = TrialRunner(settings, model, tokenizer, evaluator, space, baseline, budget)
     runner.prepare()  # the fidelity reference now, so the first trial's time (and estimate) is its own
     return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri, storage)
 
@@ -203,15 +205,13 @@ def _run_session(settings: SearchSettings, session: Session) -> int:
     )
     if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
         _run_local_workers(settings)
-    session.run_trials()
+    stopped = session.run_trials()  # done, timeout or exhausted
     outcome = conclude(session)
     files = write_outcome(outcome, settings.study_dir)  # every file once, from the outcome
     print()
     print("\n".join(summary_lines(outcome)))
     if tracker is not None:
-        status = tracker.end_study(
-            outcome, files
-        )  # results as artifacts, counts, FINISHED (or KILLED on timeout)
+        status = tracker.end_study(outcome, files, stopped)  # results as artifacts, counts, FINISHED
         print(f"MLflow: parent run {tracker.parent_id} ({status}) at {redact_url(session.tracking_uri)}")
     print(f"\nresults: {settings.study_dir}/ (recommended.json, pareto/, pareto.png, keep_curves.png)")
     best = outcome.recommended
@@ -231,8 +231,8 @@ def conclude(session: Session) -> StudyOutcome:
     if settings.confirm_k > 0:
         confirmation = confirm(records, runner, settings.confirm_k, complete_trials=_complete_trials(study))
         confirmation.store(study)  # tuner.export finds the same pick later
-    outcome = StudyOutcome.from_study(study, settings.max_accuracy_loss)
-    outcome = dataclasses.replace(outcome, search_loss=runner.search_loss, confirmation=confirmation)
+    outcome = StudyOutcome.from_study(study, runner.budget)
+    outcome = dataclasses.replace(outcome, confirmation=confirmation)
     timing = TrialTiming.of(study, settings.n_trials, settings.timeout)
     outcome = dataclasses.replace(outcome, decision=explain(outcome, timing))
     if settings.heldout:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -269,7 +270,7 @@ class SearchSettings(EvalSettings):
             raise ValueError(f"confirm_k = {self.confirm_k}: must be >= 0 (0 = no confirmation)")
         if self.new_tokens is not None and self.new_tokens < 1:
             raise ValueError(f"new_tokens = {self.new_tokens}: must be >= 1 (or null for the answer length)")
-        Revival.parse(self.revival)  # dynamic, frozen or budget:N; anything else is one line
+        _ = self.revival_policy  # parsed once here: dynamic, frozen or budget:N; anything else is one line
         _check_timing(self.timing_rounds, self.timing_clock)
         if self.fidelity_top_k < 1:
             raise ValueError(f"fidelity_top_k = {self.fidelity_top_k}: must be >= 1")
@@ -304,6 +305,11 @@ class SearchSettings(EvalSettings):
     @property
     def study_dir(self) -> Path:
         return Path(self.output) / self.name
+
+    @functools.cached_property
+    def revival_policy(self) -> Revival:
+        """The decoding policy of every trial's schedule, typed (``revival`` is its spelling)."""
+        return Revival.parse(self.revival)
 
     @property
     def storage_url(self) -> str:

@@ -25,6 +25,7 @@ from tuner.study.samplers import make_sampler
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import SearchSpace
 from tuner.study.stores import create_sqlite_atomically, sqlite_path
+from tuner.study.workers import counts_towards_target
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -127,4 +128,5 @@ def warm_start(study: optuna.Study, space: SearchSpace, num_layers: int) -> None
 
 
 def finished_trials(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=FINISHED))
+    """The trials ``n_trials`` counts (refused duplicates are not among them)."""
+    return sum(counts_towards_target(t) for t in study.get_trials(deepcopy=False, states=FINISHED))

@@ -31,8 +31,9 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -48,8 +49,25 @@ class SurplusTrial(Exception):
     """The study already has ``n_trials`` live trials before this one."""
 
 
-class DuplicateSchedule(Exception):
-    """The trial proposed a schedule the study already holds; it is refused, not counted."""
+class DuplicateSchedule(optuna.TrialPruned):
+    """The trial proposed a schedule the study already holds: it ends PRUNED (a refusal, not a
+    failure, in every view of the study) with system attr :data:`DUPLICATE_ATTR`, and is not counted
+    towards ``n_trials``. Pruned, it also sits in the sampler's "worse" group, so TPE moves away from
+    proposing the same schedule again."""
+
+
+DUPLICATE_ATTR = "duplicate_of"
+"""System attr of a refused duplicate proposal: the trial number that holds that schedule."""
+
+
+def is_duplicate(trial: FrozenTrial) -> bool:
+    """A proposal refused as a duplicate (PRUNED now; FAILED in studies made before)."""
+    return trial.system_attrs.get(DUPLICATE_ATTR) is not None
+
+
+def counts_towards_target(trial: FrozenTrial) -> bool:
+    """A finished trial that evaluated a schedule (COMPLETE, or PRUNED early): what ``n_trials`` counts."""
+    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and not is_duplicate(trial)
 
 
 MAX_CONSECUTIVE_DUPLICATES = 50
@@ -57,14 +75,14 @@ MAX_CONSECUTIVE_DUPLICATES = 50
 
 
 def never_ran(trial: FrozenTrial) -> bool:
-    """A FAILED trial that evaluated nothing: surplus (one too many) or a refused duplicate."""
-    return bool(trial.user_attrs.get("surplus")) or trial.system_attrs.get("duplicate_of") is not None
+    """A trial that evaluated nothing: surplus (one too many) or a refused duplicate."""
+    return bool(trial.user_attrs.get("surplus")) or is_duplicate(trial)
 
 
 def is_surplus(study: optuna.Study, number: int, target: int) -> bool:
     """Whether ``target`` live trials with smaller numbers exist (this trial would be one too many)."""
     live = study.get_trials(deepcopy=False, states=_LIVE)
-    return sum(1 for t in live if t.number < number) >= target
+    return sum(1 for t in live if t.number < number and not is_duplicate(t)) >= target
 
 
 def counts(study: optuna.Study) -> dict[TrialState, int]:
@@ -168,6 +186,51 @@ class _QuietInterrupted(logging.Filter):
         return not any(message.startswith(f"Trial {n} failed with") for n in self.numbers)
 
 
+@dataclass
+class _Streaks:
+    """Consecutive outcomes of this worker's trials: failures end the run with an error, refused
+    duplicates with ``exhausted``."""
+
+    failures: int = 0
+    duplicates: int = 0
+
+    def update(self, new: Sequence[FrozenTrial]) -> str | None:
+        """Count the trials one ``optimize`` call left (``new``); the stop reason, if any."""
+        failed = [t for t in new if t.state == TrialState.FAIL and not never_ran(t)]
+        self.failures = self.failures + 1 if failed else 0
+        self.duplicates = self.duplicates + 1 if any(is_duplicate(t) for t in new) else 0
+        if self.duplicates >= MAX_CONSECUTIVE_DUPLICATES:
+            return "exhausted"  # the sampler keeps proposing schedules the study already holds
+        if self.failures >= MAX_CONSECUTIVE_FAILURES:
+            raise ValueError(
+                f"{self.failures} trials in a row failed (last: trial {failed[-1].number}); "
+                "see the log above, fix the cause and rerun to resume"
+            )
+        return None
+
+
+def _next_step(settings: SearchSettings, study: optuna.Study, elapsed: float) -> str:
+    """``done``, ``timeout``, ``wait`` (the last slots are held by running trials) or ``run``."""
+    c = counts(study)
+    finished = sum(counts_towards_target(t) for t in study.get_trials(deepcopy=False))
+    if finished >= settings.n_trials:
+        return "done"
+    if settings.timeout is not None and elapsed > settings.timeout:
+        return "timeout"
+    if finished + c[TrialState.RUNNING] >= settings.n_trials and not c[TrialState.WAITING]:
+        return "wait"
+    return "run"
+
+
+def _fail_dead_trials(study: optuna.Study, heartbeatless: HeartbeatlessTrials) -> None:
+    """Dead workers' trials -> FAILED (retried via the callback), and those that died before their
+    first heartbeat one grace period later."""
+    with warnings.catch_warnings():  # fail_stale_trials is marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    heartbeatless.check(study, time.monotonic())
+
+
 def run_trials(
     settings: SearchSettings,
     study: optuna.Study,
@@ -180,8 +243,7 @@ def run_trials(
     "exhausted" when the space yields no new schedule)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
-    failures = 0
-    duplicates = 0
+    streaks = _Streaks()
     current: list[int] = []  # the trial id this process is running
     quiet = _QuietInterrupted()
     heartbeatless = HeartbeatlessTrials(settings.heartbeat_grace)
@@ -200,22 +262,14 @@ def run_trials(
             raise
 
     while True:
-        with warnings.catch_warnings():  # fail_stale_trials is marked experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(
-                study
-            )  # dead workers' trials -> FAILED, retried via the callback
-        heartbeatless.check(study, time.monotonic())  # ... and those that died before their first beat
-        c = counts(study)
-        finished = c[TrialState.COMPLETE] + c[TrialState.PRUNED]
-        if finished >= settings.n_trials:
-            return "done"
-        if settings.timeout is not None and time.monotonic() - start > settings.timeout:
-            return "timeout"
-        if finished + c[TrialState.RUNNING] >= settings.n_trials and not c[TrialState.WAITING]:
-            time.sleep(poll_s)  # the last slots are held by running trials: wait for them (or their retries)
+        _fail_dead_trials(study, heartbeatless)
+        step = _next_step(settings, study, time.monotonic() - start)
+        if step in ("done", "timeout"):
+            return step
+        if step == "wait":
+            time.sleep(poll_s)  # wait for the running trials (or their retries)
             continue
-        before = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+        numbered = len(study.get_trials(deepcopy=False))
         current.clear()
         optimize_log.addFilter(quiet)
         try:
@@ -232,18 +286,9 @@ def run_trials(
             raise
         finally:
             optimize_log.removeFilter(quiet)
-        failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-        new_failures = [t for t in failed[before:] if not never_ran(t)]
-        failures = failures + 1 if new_failures else 0
-        refused = any(t.system_attrs.get("duplicate_of") is not None for t in failed[before:])
-        duplicates = duplicates + 1 if refused else 0
-        if duplicates >= MAX_CONSECUTIVE_DUPLICATES:
-            return "exhausted"  # the sampler keeps proposing schedules the study already holds
-        if failures >= MAX_CONSECUTIVE_FAILURES:
-            raise ValueError(
-                f"{failures} trials in a row failed (last: trial {new_failures[-1].number}); "
-                "see the log above, fix the cause and rerun to resume"
-            )
+        stop = streaks.update(study.get_trials(deepcopy=False)[numbered:])
+        if stop is not None:
+            return stop
 
 
 def worker_threads(n_workers: int) -> int:

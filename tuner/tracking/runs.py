@@ -11,9 +11,9 @@ module uses ``MlflowClient`` with explicit run ids only, safe in any worker.
   own run lost deletes it, so exactly one remains. Params: the study identity (the objective's kind
   as ``speedup_kind``), sampler, seed and the storage URL with its password masked.
 * **Lifecycle of the parent**: RUNNING while a process works on the study (a resume reopens it);
-  :meth:`Tracker.end_study` ends it FINISHED once the study holds its ``n_trials`` finished trials
-  (KILLED with ``lazyllm.end_reason`` when the run stopped on ``--timeout`` first);
-  :func:`end_open_runs` ends it KILLED on Ctrl-C and FAILED on an error. Its metrics count trials
+  :meth:`Tracker.end_study` ends it FINISHED once every stage ran, with ``lazyllm.end_reason`` saying
+  why the trials stopped (``done: 60 of 60 trials``, ``timeout: 41 of 60 trials``);
+  :func:`end_open_runs` ends it KILLED on Ctrl-C or a signal and FAILED on an error. Its metrics count trials
   (``finished_trials`` = COMPLETE + PRUNED, what ``n_trials`` counts; ``complete_trials``,
   ``pruned_trials``, ``failed_trials``, the target ``n_trials``) and name the recommendation
   (``recommended.speedup``, ``recommended.accuracy_loss``, ``recommended.trial``; for a pick of the
@@ -23,8 +23,8 @@ module uses ``MlflowClient`` with explicit run ids only, safe in any worker.
   trial's real start and end time: params (the trial's search-space parameters, search space,
   sampler, seed, model, task, truncation, ``speedup_kind``), metrics (``speedup``,
   ``accuracy_loss``, score, baseline score, per-dataset scores, FLOP speedup, prompt pairs computed,
-  wall time), artifact ``schedule.json``; status FINISHED, KILLED for pruned trials (tag
-  ``optuna.state=PRUNED``) or FAILED. A proposal refused as a duplicate never ran and gets no run
+  wall time), artifact ``schedule.json``; status FINISHED (a trial stopped early by design too, with
+  tag ``optuna.state=PRUNED``) or FAILED. A proposal refused as a duplicate never ran and gets no run
   (nor does a surplus trial). Failed trials that no callback saw (an
   exception that ended the process, a worker whose heartbeat went stale) get their FAILED run when
   a tracker opens or ends the study.
@@ -55,7 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
 from tuner.redact import redact_text, redact_url
-from tuner.statistics.losses import loss_of
+from tuner.statistics.losses import Budget
 from tuner.study.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
@@ -67,7 +67,10 @@ _PARENT_ATTR = "mlflow_parent_run_id"
 _ROLE = "lazyllm.role"
 _STUDY = "lazyllm.study"
 _REASON = "lazyllm.end_reason"
-_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED"}
+_STATUS = {
+    TrialState.COMPLETE: "FINISHED",
+    TrialState.PRUNED: "FINISHED",
+}  # PRUNED: stopped early by design, tagged
 
 
 def default_tracking_uri(settings: SearchSettings) -> str:
@@ -162,7 +165,7 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     are not counted)."""
     trials = study.get_trials(deepcopy=False)
     complete = sum(t.state == TrialState.COMPLETE for t in trials)
-    pruned = sum(t.state == TrialState.PRUNED for t in trials)
+    pruned = sum(t.state == TrialState.PRUNED and not never_ran(t) for t in trials)
     failed = sum(t.state == TrialState.FAIL and not never_ran(t) for t in trials)
     return {
         "finished_trials": complete + pruned,
@@ -190,12 +193,13 @@ def end_open_runs(status: str, reason: str) -> None:
 class Tracker:
     """Logs a study to MLflow through explicit run ids (see the module docstring)."""
 
-    def __init__(self, uri: str, settings: SearchSettings, study: optuna.Study) -> None:
+    def __init__(self, uri: str, settings: SearchSettings, study: optuna.Study, budget: Budget) -> None:
         from mlflow.tracking import MlflowClient
 
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
         self.uri = uri
         self.settings = settings
+        self.budget = budget
         self.study = study
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = self._experiment()
@@ -297,12 +301,14 @@ class Tracker:
             self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
         )
 
-    def end_study(self, outcome: StudyOutcome, files: list[Path]) -> str:
+    def end_study(self, outcome: StudyOutcome, files: list[Path], stopped: str = "done") -> str:
         """Attach the study's result files (written once, from ``outcome``) to the parent, log the
-        recommendation and end the run; returns the final status.
+        recommendation and end the run FINISHED: every stage ran. Returns the status.
 
-        FINISHED when the study holds its ``n_trials`` finished trials, else KILLED (a ``--timeout``
-        stopped this run first; rerunning resumes). With ``settings.register`` the recommended
+        ``stopped`` is why the trials stopped (:func:`tuner.study.workers.run_trials`: ``done``,
+        ``timeout`` or ``exhausted``); the end-reason tag says it with the trial count, e.g.
+        ``timeout: 41 of 60 trials`` (rerunning resumes the rest). KILLED is kept for Ctrl-C and
+        signals, FAILED for errors (:func:`end_open_runs`). With ``settings.register`` the recommended
         schedule is also registered (:mod:`tuner.tracking.registry`).
         """
         from mlflow.entities import Metric
@@ -342,14 +348,9 @@ class Tracker:
 
             version = register_trial(self.client, self.study, outcome, best, self.settings.register)
             print(f"MLflow: registered {self.settings.register} version {version.version}")
-        counts = trial_counts(self.study)
-        if counts["finished_trials"] >= self.settings.n_trials:
-            self.end("FINISHED", f"{counts['finished_trials']} of {self.settings.n_trials} trials finished")
-            return "FINISHED"
-        self.end(
-            "KILLED", f"stopped (timeout) at {counts['finished_trials']} of {self.settings.n_trials} trials"
-        )
-        return "KILLED"
+        finished = trial_counts(self.study)["finished_trials"]
+        self.end("FINISHED", f"{stopped}: {finished} of {self.settings.n_trials} trials")
+        return "FINISHED"
 
     # --- child runs -------------------------------------------------------------------------------
     def trial_run_id(self, number: int) -> str | None:
@@ -404,7 +405,7 @@ class Tracker:
             }
         )
         metrics = record.flat_metrics() if record is not None else {}
-        params["accuracy_loss_unit"] = loss_of(self.settings).unit
+        params["accuracy_loss_unit"] = self.budget.search.unit
         if record is not None:
             params["schedule.revival"] = str(record.schedule.revival)
         self.client.log_batch(

@@ -20,10 +20,13 @@ from tuner.stages.confirm import CandidateResult, Confirmation
 from tuner.stages.heldout import Candidate, HeldoutReport, HeldoutRow
 from tuner.statistics.bootstrap import Estimate
 from tuner.statistics.calibration import Calibration
-from tuner.statistics.losses import FidelityLoss, ScoreLoss
+from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
+from tuner.study.identity import StudyIdentity
 from tuner.study.outcome import StudyOutcome
 
-IDENTITY = {"model": "tiny", "task": "qa", "search_space": "stages", "speedup": "flops", "n_examples": None}
+IDENTITY = StudyIdentity.from_dict(
+    {"model": "tiny", "task": "qa", "search_space": "stages", "speedup": "flops", "n_examples": None}
+)
 
 
 def _est(value: float, n: int = 13) -> Estimate:
@@ -36,7 +39,7 @@ def _outcome(**changes: object) -> StudyOutcome:
         hand_record(1, 1.5, 0.02, (0.0, 30.0, 0.0, 0.0)),
         hand_record(2, 2.0, 0.2, (0.0, 60.0, 0.0, 0.0)),  # over the 0.05-nat budget
     )
-    base = StudyOutcome("hand", IDENTITY, FidelityLoss(0.05), 2.0, records)
+    base = StudyOutcome("hand", IDENTITY, Budget(FidelityLoss(0.05), ScoreLoss(2.0)), records)
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -69,7 +72,7 @@ def test_pareto_axis_and_budget_line_come_from_the_loss() -> None:
     budget_lines = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert [tuple(line.get_ydata()) for line in budget_lines] == [(0.05, 0.05)]
     assert "score points" not in " ".join(t.get_text() for t in ax.get_legend().get_texts())
-    score = pareto_figure(_outcome(search_loss=ScoreLoss(2.0)))
+    score = pareto_figure(_outcome(budget=Budget(ScoreLoss(2.0), ScoreLoss(2.0))))
     assert score.axes[0].get_ylabel() == "accuracy loss: LongBench score lost (score points)"
 
 
@@ -167,7 +170,7 @@ def test_a_loss_refuses_a_bad_budget(budget: float) -> None:
 _WRITER = """
 import sys
 from pathlib import Path
-from tests.tuner.test_report import _outcome
+from tests.tuner.report.test_report import _outcome
 from tuner.report.files import write_outcome
 outcome = _outcome()
 for _ in range(int(sys.argv[2])):

@@ -14,10 +14,11 @@ from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
-from tuner.stages.confirm import Confirmation, candidate_of, confirm, spread
+from tuner.stages.confirm import Confirmation, candidate_of, confirm
 from tuner.stages.front import fastest_feasible, study_records
-from tuner.stages.trial import BaselineStats
-from tuner.statistics.losses import ScoreLoss
+from tuner.stages.rule import spread
+from tuner.statistics.losses import BaselineStats, Budget, ScoreLoss
+from tuner.study.identity import StudyIdentity
 from tuner.study.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
 from tuner.study.session import open_session
@@ -85,7 +86,7 @@ def test_confirmation_recommends_a_confirmed_schedule_and_records_evidence(
     failed = confirm(partial, session.runner, 2, complete_trials=3)
     assert failed.recommended is None and {c.status for c in failed.candidates} == {"failed"}
     assert all("budget" in c.reason for c in failed.candidates)
-    outcome = dataclasses.replace(StudyOutcome.from_study(study, 2.0), confirmation=failed)
+    outcome = dataclasses.replace(StudyOutcome.from_study(study, _budget(study, 2.0)), confirmation=failed)
     write_outcome(outcome, d)
     assert not (d / "recommended.json").exists()
     rows = json.loads((d / "pareto.json").read_text())
@@ -99,10 +100,10 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     assert main(_raced(tiny_folder, tmp_path, trials=3, k=0, accuracy="fidelity")) == 0
     d = tmp_path / "c"
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
-    fastest = StudyOutcome.from_study(study, 2.0).recommended
+    fastest = StudyOutcome.from_study(study, _budget(study, 2.0)).recommended
     assert fastest is not None
     # a confirmation in which the fastest front candidate failed and the next one was confirmed
-    first, second = StudyOutcome.from_study(study, 2.0).front[:2]
+    first, second = StudyOutcome.from_study(study, _budget(study, 2.0)).front[:2]
     assert first.number == fastest.number
     rejected = Confirmation(
         2.0,
@@ -112,9 +113,11 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
         3,
     )
     rejected.store(study)
-    write_outcome(StudyOutcome.from_study(study, 2.0), d)  # as tuner.export does: the stored pick
+    write_outcome(
+        StudyOutcome.from_study(study, _budget(study, 2.0)), d
+    )  # as tuner.export does: the stored pick
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
-    picked = StudyOutcome.from_study(study, 2.0).recommended
+    picked = StudyOutcome.from_study(study, _budget(study, 2.0)).recommended
     assert picked is not None and picked.number == second.number != fastest.number
     rows = json.loads((d / "pareto.json").read_text())
     assert [r["trial"] for r in rows if r["recommended"]] == [second.number]
@@ -124,7 +127,7 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     assert main(_raced(tiny_folder, tmp_path, trials=4, k=0, accuracy="fidelity")) == 0
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
     assert Confirmation.of_study(study) is None
-    again = StudyOutcome.from_study(study, 2.0)
+    again = StudyOutcome.from_study(study, _budget(study, 2.0))
     best = fastest_feasible(again.records, again.search_loss)
     assert again.provisional and again.recommended is not None and again.recommended == best
     assert best is not None and best.values[0] >= fastest.values[0]
@@ -160,7 +163,7 @@ def test_a_fidelity_search_is_certified_by_the_pooled_calibration(tiny_folder: P
     session.runner.baseline = BaselineStats.of(
         tuple(dataclasses.replace(b, score=1.0) for b in session.runner.baseline.results)
     )
-    session.settings.__dict__["max_accuracy_loss"] = 2.0  # frozen dataclass: a test-only override
+    session.runner.budget = session.runner.budget.with_task(2.0)  # the typed budget every stage reads
     strict = confirm(study_records(study), session.runner, 2, complete_trials=4)
     assert strict.rule == "pooled" and strict.calibration is not None and strict.calibration.slope > 1000
     rec = strict.recommended
@@ -221,3 +224,10 @@ def test_spread_takes_the_fastest_and_the_slowest_evenly_and_nothing_twice(n: in
         assert picks[-1] == n - 1
     gaps = [b - a for a, b in itertools.pairwise(picks)]
     assert not gaps or max(gaps) - min(gaps) <= 1, gaps
+
+
+def _budget(study: optuna.Study, points: float) -> Budget:
+    """The study's own search cap with a task budget of ``points`` (as ``tuner.export --max-accuracy-loss``)."""
+    identity = StudyIdentity.of_study(study)
+    assert identity is not None
+    return Budget.from_settings(identity).with_task(points)

@@ -7,10 +7,13 @@ from tuner.stages.confirm import CandidateResult, Confirmation
 from tuner.stages.decision import TrialTiming, certainty, explain
 from tuner.statistics.bootstrap import Estimate
 from tuner.statistics.calibration import Calibration
-from tuner.statistics.losses import FidelityLoss
+from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
+from tuner.study.identity import StudyIdentity
 from tuner.study.outcome import StudyOutcome
 
-IDENTITY = {"model": "tiny", "task": "qa", "search_space": "stages", "speedup": "flops", "n_examples": None}
+IDENTITY = StudyIdentity.from_dict(
+    {"model": "tiny", "task": "qa", "search_space": "stages", "speedup": "flops", "n_examples": None}
+)
 TIMING = TrialTiming(finished=18, n_trials=60, median_s=30.0, timeout_s=420.0)
 
 
@@ -38,7 +41,7 @@ def _outcome(
     est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
     rec = CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.4, 0.1, "confirmed", est, "why")
     conf = Confirmation(2.0, 0.9, (rec,), 13, 3, "pooled", cal)
-    return StudyOutcome("s", IDENTITY, FidelityLoss(0.6), 2.0, records, conf)
+    return StudyOutcome("s", IDENTITY, Budget(FidelityLoss(0.6), ScoreLoss(2.0)), records, conf)
 
 
 def test_the_budget_decides_when_the_next_schedule_is_predicted_over_it() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from lazyllm.schedule import Revival
 from tuner.evaluation.runner import ExampleResult, loss_estimate, macro_score, summarize
 from tuner.search import parse_settings
 from tuner.stages.heldout import verdict
@@ -26,7 +27,7 @@ def test_hand_made_schedules_take_the_study_revival() -> None:
     """Defect: the held-out check compared the tuned schedule (the study's revival, frozen by default)
     against hand-made schedules with the default dynamic revival: not like for like."""
     for revival in ("frozen", "budget:8", "dynamic"):
-        grids = families("m", 30, revival)
+        grids = families("m", 30, Revival.parse(revival))
         assert set(grids) == {"paper-style", "one-stage"}
         assert {str(s.revival) for g in grids.values() for s in g.values()} == {revival}
 

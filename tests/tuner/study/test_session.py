@@ -104,14 +104,14 @@ def test_a_non_default_scoring_rule_travels_from_the_trial_to_the_file(
         record = next(r for r in study_records(session.study) if r.number == rec.metadata["trial"])
         assert record.schedule.scoring == rec.scoring and record.loss is not None
         again = session.runner.search_loss.measure(
-            session.runner, LazyLLM(session.model, rec, strict_model_name=False), "again"
+            session.runner.context, LazyLLM(session.model, rec, strict_model_name=False), "again"
         )
         assert again.estimate is not None and again.estimate.value == pytest.approx(
             record.loss.value, rel=1e-6, abs=1e-9
         )
         # the default rule on the same percentiles drifts differently: the rule is what was measured
         plain = LazyLLM(session.model, rec.with_scoring("last"), strict_model_name=False)
-        other = session.runner.search_loss.measure(session.runner, plain, "plain")
+        other = session.runner.search_loss.measure(session.runner.context, plain, "plain")
         assert other.estimate is not None
         assert other.estimate.value != pytest.approx(record.loss.value, rel=1e-9, abs=1e-12)
     finally:

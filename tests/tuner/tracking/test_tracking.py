@@ -24,7 +24,8 @@ from tuner.search import main
 from tuner.stages.confirm import CandidateResult, Confirmation
 from tuner.statistics.bootstrap import Estimate
 from tuner.statistics.calibration import Calibration
-from tuner.statistics.losses import FidelityLoss
+from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
+from tuner.study.identity import StudyIdentity
 from tuner.study.outcome import StudyOutcome
 from tuner.study.settings import SearchSettings
 from tuner.study.workers import DuplicateSchedule, never_ran
@@ -135,7 +136,7 @@ def test_study_logged_to_server(tiny_folder: Path, tmp_path: Path, mlflow_server
     # resume: opening the study reopens the same parent (RUNNING); the run ends FINISHED with one more child
     settings = SearchSettings(model=str(tiny_folder), task="hotpotqa,trec", output=str(tmp_path),
                               study_name="tracked", n_trials=3)  # fmt: skip
-    tracker = Tracker(mlflow_server, settings, study)
+    tracker = Tracker(mlflow_server, settings, study, Budget.from_settings(settings))
     assert tracker.parent_id == parent.info.run_id
     assert client.get_run(parent.info.run_id).info.status == "RUNNING"
     assert main(_argv(tiny_folder, tmp_path, mlflow_server, 3)) == 0
@@ -171,7 +172,7 @@ def _children(tracker: Tracker) -> dict[int, Any]:
 
 def test_failed_and_interrupted_trials_get_failed_runs(tmp_path: Path) -> None:
     settings, study, uri = _toy(tmp_path)
-    tracker = Tracker(uri, settings, study)
+    tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
 
     def broken(trial: optuna.Trial) -> tuple[float, float]:
         raise RuntimeError("CUDA out of memory")
@@ -197,7 +198,7 @@ def test_failed_and_interrupted_trials_get_failed_runs(tmp_path: Path) -> None:
     assert parent.data.metrics["failed_trials"] == 2 and parent.data.metrics["finished_trials"] == 0
 
     # a resume reopens the parent; nothing is logged twice
-    again = Tracker(uri, settings, study)
+    again = Tracker(uri, settings, study, Budget.from_settings(settings))
     assert again.parent_id == tracker.parent_id
     assert again.client.get_run(again.parent_id).info.status == "RUNNING"
     assert sorted(_children(again)) == [0, 1] and len(again.child_runs()) == 2
@@ -207,7 +208,7 @@ def test_failed_and_interrupted_trials_get_failed_runs(tmp_path: Path) -> None:
 
 def test_refused_duplicates_get_no_run_and_runs_span_their_trials(tmp_path: Path) -> None:
     settings, study, uri = _toy(tmp_path)
-    tracker = Tracker(uri, settings, study)
+    tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         if trial.number == 1:  # as TrialRunner refuses a schedule the study already holds
@@ -219,6 +220,14 @@ def test_refused_duplicates_get_no_run_and_runs_span_their_trials(tmp_path: Path
     runs = _children(tracker)
     assert sorted(runs) == [0, 2]  # the refused proposal never ran: no run, not a failure
     assert trial_counts(study)["failed_trials"] == 0 and tracker.sync_failed() == []
+    # a refusal is no failure in Optuna's views either (dashboard, CLI): PRUNED, and not counted
+    assert study.trials[1].state == optuna.trial.TrialState.PRUNED
+    assert trial_counts(study) == {
+        "finished_trials": 2,
+        "complete_trials": 2,
+        "pruned_trials": 0,
+        "failed_trials": 0,
+    }
     for number, run in runs.items():  # each run spans its trial, not the moment it was logged
         trial = study.trials[number]
         assert (run.info.start_time, run.info.end_time) == (
@@ -233,7 +242,7 @@ def test_the_recommendation_says_in_mlflow_and_its_file_whether_it_is_certified_
     """Chosen on the calibration's 60% bound (10 points per nat: 1.0 at KL 0.1), the recommendation is
     reported at --confidence 90% too (25 points per nat: 2.5 > the 2-point budget)."""
     settings, study, uri = _toy(tmp_path)
-    tracker = Tracker(uri, settings, study)
+    tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
     records = (
         hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
         hand_record(1, 1.5, 0.1, (0.0, 30.0, 0.0, 0.0)),
@@ -243,7 +252,13 @@ def test_the_recommendation_says_in_mlflow_and_its_file_whether_it_is_certified_
     for at_90, certified in ((25.0, False), (15.0, True)):
         cal = Calibration(4.0, 10.0, 0.6, 13, (1,), 0.1, ((1, 0.1, 0.4),), 0.9, at_90)
         conf = Confirmation(2.0, 0.9, (rec,), 13, 2, "pooled", cal)
-        outcome = StudyOutcome("toy", settings.study_identity(), FidelityLoss(0.6), 2.0, records, conf)
+        outcome = StudyOutcome(
+            "toy",
+            StudyIdentity.from_dict(settings.study_identity()),
+            Budget(FidelityLoss(0.6), ScoreLoss(2.0)),
+            records,
+            conf,
+        )
         meta = outcome.schedule_of(records[1]).metadata["confirmation"]
         assert meta["predicted_task_loss_upper"] == pytest.approx(at_90 * 0.1) and meta["level"] == 0.9
         assert meta["certified_at_level"] is certified and meta["decision_level"] == 0.6
@@ -257,16 +272,18 @@ def test_the_recommendation_says_in_mlflow_and_its_file_whether_it_is_certified_
 def test_passwords_never_reach_mlflow_or_study_attrs(tmp_path: Path) -> None:
     secret = "hunter2-secret"
     settings, study, uri = _toy(tmp_path, storage=f"postgresql+psycopg://lazyllm:{secret}@127.0.0.1:1/db")
-    tracker = Tracker(uri, settings, study)
+    tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
     study.optimize(lambda t: (1.0, 0.0), n_trials=1, callbacks=[tracker.callback])
-    tracker.end_study(StudyOutcome.from_study(study), files=[])
+    assert tracker.end_study(StudyOutcome.from_study(study), files=[], stopped="timeout") == "FINISHED"
     runs = [tracker.client.get_run(tracker.parent_id), *tracker.child_runs()]
     for run in runs:
         for value in [*run.data.params.values(), *run.data.tags.values()]:
             assert secret not in value
     assert runs[0].data.params["storage"] == "postgresql+psycopg://lazyllm:***@127.0.0.1:1/db"
     assert secret not in json.dumps(study.user_attrs)
-    assert runs[0].info.status == "KILLED"  # 1 of 3 trials: a stopped study is not FINISHED
+    # every stage ran: FINISHED, with why the trials stopped (KILLED is for Ctrl-C and signals)
+    assert runs[0].info.status == "FINISHED"
+    assert runs[0].data.tags["lazyllm.end_reason"] == "timeout: 1 of 3 trials"
 
 
 def test_unreachable_tracking_server_fails_fast(
@@ -313,3 +330,17 @@ def test_two_local_workers_share_one_study(tiny_folder: Path, tmp_path: Path) ->
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     # one child per trial that ran; surplus trials never ran and get none
     assert sorted(int(c.data.tags["optuna.trial"]) for c in children) == sorted(t.number for t in finished)
+
+
+def test_a_trial_stopped_early_by_design_is_finished_not_killed(tmp_path: Path) -> None:
+    """KILLED reads as "it crashed or someone stopped it": a trial the early-stop rule pruned ends
+    FINISHED, its state in a tag; KILLED is left for Ctrl-C and signals."""
+    settings, study, uri = _toy(tmp_path)
+    tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        raise optuna.TrialPruned("over budget after 2 examples")
+
+    study.optimize(objective, n_trials=1, callbacks=[tracker.callback])
+    (run,) = tracker.child_runs()
+    assert run.info.status == "FINISHED" and run.data.tags["optuna.state"] == "PRUNED"

@@ -1,0 +1,90 @@
+"""The decision rule (tuner.stages.rule): one function, the study's and the benchmark's."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import tuner.stages.rule as rule
+from lazyllm.schedule import Revival, Schedule
+from tuner.statistics.bootstrap import estimate
+from tuner.statistics.losses import FidelityLoss, ScoreLoss
+from tuner.study.records import TrialRecord
+
+ROOT = Path(__file__).resolve().parents[3]
+KEYS = [f"d{i % 2}/r{i}" for i in range(10)]
+WEIGHTS = dict.fromkeys(KEYS, 1.0)
+
+
+def _benchmark() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "decision_rule_bench", ROOT / "benchmarks" / "decision_rule.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(number: int, speedup: float, kl: float, pct: float) -> TrialRecord:
+    values = [kl * (0.5 + (i % 3) / 2) for i in range(len(KEYS))]
+    return TrialRecord(
+        number=number, schedule=Schedule("m", (0.0, pct, 0.0, 0.0), revival=Revival("frozen")), params={},
+        accuracy="fidelity", flop_speedup=speedup, prompt_computed_pct=0.0, examples_run=len(KEYS),
+        loss=estimate(values, [1.0] * len(KEYS), level=0.9), speedup=speedup, per_example=dict(zip(KEYS, values)),
+    )  # fmt: skip
+
+
+RECORDS = [_record(0, 1.0, 0.0, 0.0), _record(1, 1.4, 0.02, 30.0), _record(2, 1.9, 0.2, 60.0)]
+SLOPE = 40.0  # points per nat: trial 2 (KL 0.2) loses 8 points, trial 1 (KL 0.02) 0.8
+
+
+def _task_loss(r: TrialRecord) -> dict[str, float]:
+    return {k: SLOPE * v for k, v in r.per_example.items()}
+
+
+def _decide(budget: float) -> rule.PooledDecision:
+    return rule.pooled_rule(
+        RECORDS, FidelityLoss(1.0), ScoreLoss(budget), 6, WEIGHTS, _task_loss, level=0.6, confidence=0.9
+    )
+
+
+def test_the_rule_picks_the_fastest_certified_front_schedule() -> None:
+    decision = _decide(2.0)
+    assert [r.number for r in decision.front] == [2, 1, 0]
+    assert {s.trial for s in decision.scored} == {1, 2}  # the drifting ones
+    assert decision.calibration is not None and decision.calibration.slope == pytest.approx(SLOPE)
+    assert [v.ok for v in decision.verdicts] == [False, True, True]
+    assert decision.picked is not None and decision.picked.number == 1
+    assert _decide(10.0).picked.number == 2  # type: ignore[union-attr]  # a looser budget: the faster one
+    # nothing drifts past 0 in budget 0: only the unpruned-equivalent schedule is certified
+    assert _decide(0.0).picked.number == 0  # type: ignore[union-attr]
+
+
+def _grid(bench: ModuleType) -> list[object]:
+    out = []
+    for r in RECORDS:
+        val = {k: (v, SLOPE * v) for k, v in r.per_example.items()}
+        datasets = {k: k.split("/")[0] for k in KEYS} | {f"t{k}": k.split("/")[0] for k in KEYS}
+        out.append(
+            bench.GridSchedule(str(r.number), r.schedule, r.flop_speedup, val, datasets, SLOPE * r.values[1])
+        )
+    return out
+
+
+def test_the_benchmark_replays_the_products_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _benchmark()
+    assert bench.pooled_rule is rule.pooled_rule  # imported, not copied
+    grid = _grid(bench)
+    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
+    before = bench.replay(grid, 2.0, [10], resamples=4, settings=setting)[0]
+    assert before["no_pick"] == 0.0 and before["most_common_pick"] == "1"
+    # break the product's rule (judge rejects everything that drifts): the benchmark must see it
+    monkeypatch.setattr(rule, "judge", lambda kl, calibration, budget: (kl == 0, "broken"))
+    after = bench.replay(grid, 2.0, [10], resamples=4, settings=setting)[0]
+    assert after["most_common_pick"] == "0" and after["speed_kept"] < before["speed_kept"]

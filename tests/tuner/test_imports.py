@@ -1,0 +1,84 @@
+"""The import graph of ``tuner/``: no module imports itself back through others, and the engine
+never imports the tuner, Optuna or MLflow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """``module -> modules of package it imports`` (module-level and function-level imports alike)."""
+    modules = {_module_name(p): p for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            for target in targets:
+                if target in modules and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_find_cycle_sees_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+@pytest.mark.parametrize("package", ["tuner", "lazyllm"])
+def test_no_import_cycle(package: str) -> None:
+    cycle = find_cycle(import_graph(package))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_engine_never_imports_the_tuner() -> None:
+    for path in (ROOT / "lazyllm").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in {"tuner", "optuna"}, f"{path.relative_to(ROOT)} imports {name}"

@@ -1,0 +1,133 @@
+"""The decision rule of a fidelity study, as one pure function: feasible front -> the schedules to
+task-score -> the pooled calibration -> the pick.
+
+:func:`pooled_rule` is what the study runs (:func:`tuner.stages.confirm.confirm_pooled` gives it the
+study's records and a scorer that runs the task on the validation examples) and what
+``benchmarks/decision_rule.py`` replays (with a scorer that looks up recorded task losses on a
+resample of the examples), so a change to the rule is measured by the benchmark. It writes nothing
+and reads nothing but its arguments.
+
+1. **Front**: the feasible Pareto front of ``records`` under the search's loss (its cap on the one-sided
+   bound of mean KL), fastest first (:func:`tuner.stages.front.feasible_front`).
+2. **Scored**: up to ``k`` front schedules that drift (KL > 0), spread evenly over the front with the
+   fastest included (:func:`spread`), are task-scored by ``task_loss``.
+3. **Calibration**: the pooled slope of task loss on KL through the origin, with its one-sided bound at
+   ``level`` (the decision level) and at ``confidence`` (reported) (:func:`tuner.statistics.calibration.fit`).
+4. **Pick**: the fastest front schedule with no drift, or whose predicted task-loss bound at ``level``
+   is within the budget and whose KL is within the scored evidence (:meth:`Calibration.covers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tuner.stages.front import feasible_front
+from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED
+from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
+from tuner.statistics.losses import Loss, ScoreLoss
+from tuner.study.records import TrialRecord
+
+T = TypeVar("T")
+
+TaskLoss = Callable[[TrialRecord], Mapping[str, float]]
+"""A record -> its task-score loss (points) per example key, on the examples of its ``per_example``."""
+
+
+def spread(front: Sequence[T], k: int) -> list[T]:
+    """Up to ``k`` records of ``front`` (fastest first) spread evenly over it, the fastest included:
+    the calibration learns most from schedules that span the range of drift."""
+    if len(front) <= k:
+        return list(front)
+    picks = sorted({round(i * (len(front) - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+    return [front[i] for i in picks]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The rule's judgement of one front record.
+
+    Attributes:
+        record: the front record.
+        ok: whether the rule accepts it (the pick is the first accepted, fastest first).
+        why: the reason, in words.
+    """
+
+    record: TrialRecord
+    ok: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class PooledDecision:
+    """What :func:`pooled_rule` decided.
+
+    Attributes:
+        front: the feasible front, fastest first.
+        scored: the task-scored schedules the calibration was fitted on.
+        calibration: the fit (None when no scored schedule drifted).
+        verdicts: one per front record, in front order.
+    """
+
+    front: tuple[TrialRecord, ...]
+    scored: tuple[ScoredSchedule, ...]
+    calibration: Calibration | None
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def picked(self) -> TrialRecord | None:
+        """The fastest accepted front record (None: nothing is certified within the budget)."""
+        return next((v.record for v in self.verdicts if v.ok), None)
+
+
+def judge(kl: float, calibration: Calibration | None, budget: ScoreLoss) -> tuple[bool, str]:
+    """Whether a schedule of mean KL ``kl`` (nats) is certified within ``budget``, and why."""
+    if kl == 0:
+        return True, "no drift (KL 0): the unpruned model's answers"
+    if calibration is None:
+        return False, "no calibration (no scored schedule drifted)"
+    est, up = calibration.predicted(kl)
+    ok = up <= budget.budget and calibration.covers(kl)
+    why = (
+        f"KL {kl:.4f} nats; {calibration.no_cost_text()}"  # a negative loss is no gain
+        if calibration.slope <= 0
+        else f"predicted task loss {est:.2f} (upper bound {up:.2f}) score points at KL {kl:.4f} nats "
+        f"{'<=' if ok else '>'} budget {budget.budget:g}"
+    )
+    if up <= budget.budget and not calibration.covers(kl):
+        why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
+    return ok, why
+
+
+def pooled_rule(
+    records: Sequence[TrialRecord],
+    search_loss: Loss,
+    budget: ScoreLoss,
+    k: int,
+    weights: Mapping[str, float],
+    task_loss: TaskLoss,
+    *,
+    level: float,
+    confidence: float | None = None,
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = DEFAULT_SEED,
+) -> PooledDecision:
+    """The pick of a fidelity study from its ``records`` (see the module docstring).
+
+    Args:
+        records: the study's trial records (each complete one with its mean KL and per-example KLs).
+        search_loss: the search's loss with its cap (feasibility).
+        budget: the user's budget in task-score points.
+        k: how many front schedules to task-score (``--confirm-k``).
+        weights: example key -> macro weight.
+        task_loss: scores one record on the task (called once per scored schedule).
+        level: the slope bound's level that decides (``--decision-level``).
+        confidence: the level the calibration also reports (``--confidence``).
+    """
+    front = feasible_front(records, search_loss)
+    drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
+    scored = tuple(ScoredSchedule(r.number, r.per_example, task_loss(r)) for r in spread(drifting, k))
+    calibration = fit(scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed)
+    verdicts = tuple(Verdict(r, *judge(r.values[1], calibration, budget)) for r in front)
+    return PooledDecision(tuple(front), scored, calibration, verdicts)
