@@ -167,7 +167,7 @@ def test_a_loss_refuses_a_bad_budget(budget: float) -> None:
 _WRITER = """
 import sys
 from pathlib import Path
-from tests.tuner.test_report import _outcome
+from tests.tuner.report.test_report import _outcome
 from tuner.report.files import write_outcome
 outcome = _outcome()
 for _ in range(int(sys.argv[2])):
