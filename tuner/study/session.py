@@ -25,9 +25,10 @@ from lazyllm.models import load_model
 from tuner.evaluation.runner import Evaluator
 from tuner.redact import redact_url
 from tuner.report.console import summary_lines
+from tuner.report.decision import explain, timing_sentence
 from tuner.report.files import write_outcome
 from tuner.stages.confirm import confirm
-from tuner.stages.decision import TrialTiming, explain
+from tuner.stages.decision import TrialTiming
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.trial import DUPLICATE_ATTR, BaselineStats, TrialRunner
@@ -80,7 +81,7 @@ class Progress:
         )
         if len(self.durations) == 1 and record is not None:  # known at minute 2, not minute 15
             timing = TrialTiming(1, self.target, self.durations[0], self.timeout)
-            tqdm.write(f"  time: {timing.sentence()}")
+            tqdm.write(f"  time: {timing_sentence(timing)}")
 
 
 def preflight(settings: SearchSettings) -> None:
