@@ -221,13 +221,15 @@ class BaselineCache:
         write_atomic(self.path, json.dumps({"entries": self.entries}, indent=1))
 
 
-def _score(example: Example, prediction: str) -> float:
+def score_prediction(example: Example, prediction: str) -> float:
+    """``prediction`` scored by the example's LongBench metric (0-1)."""
     spec = DATASETS[example.dataset]
     classes = list(example.all_classes) if example.all_classes else None
     return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
 
 
-def _run(generator: Generator, example: Example) -> GenerationResult:
+def run_example(generator: Generator, example: Example) -> GenerationResult:
+    """``generator`` on ``example``'s prompt: greedy, up to its answer length, with its stop strings."""
     return generator.generate(
         torch.tensor(example.input_ids),
         max_new_tokens=example.max_new_tokens,
@@ -279,13 +281,13 @@ class Evaluator:
         # an entry from before answer ids were cached is recomputed (the fidelity needs the ids)
         missing = [ex for ex in self.examples if "token_ids" not in self.cache.entries.get(ex.key, {})]
         if missing:
-            _run(self.baseline_engine, missing[0])  # warm-up, not recorded
+            run_example(self.baseline_engine, missing[0])  # warm-up, not recorded
         for ex in tqdm(missing, desc="baseline", disable=not self.progress or not missing):
-            result = _run(self.baseline_engine, ex)
+            result = run_example(self.baseline_engine, ex)
             prediction = result.text or ""
             self.cache.entries[ex.key] = {
                 "prediction": prediction,
-                "score": _score(ex, prediction),
+                "score": score_prediction(ex, prediction),
                 "ttft_s": result.ttft_s,
                 "total_s": result.total_s,
                 "new_tokens": len(result.token_ids),
@@ -353,7 +355,7 @@ class Evaluator:
         results: list[ExampleResult] = []
         bar = tqdm(self.examples, desc=desc or method, disable=not self.progress, leave=False)
         for ex in bar:
-            result = _run(generator, ex)
+            result = run_example(generator, ex)
             prediction = result.text or ""
             results.append(
                 ExampleResult(
@@ -361,7 +363,7 @@ class Evaluator:
                     record_id=ex.record_id,
                     method=method,
                     prediction=prediction,
-                    score=_score(ex, prediction),
+                    score=score_prediction(ex, prediction),
                     ttft_s=result.ttft_s,
                     total_s=result.total_s,
                     prompt_tokens=result.prompt_tokens,
