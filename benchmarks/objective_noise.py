@@ -45,7 +45,7 @@ import torch
 from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.flops import ModelDims, flop_speedup
 from tuner.evaluation.fidelity import FidelityEvaluator
-from tuner.evaluation.runner import Evaluator, _run, _score
+from tuner.evaluation.runner import Evaluator, run_example, score_prediction
 from tuner.statistics.bootstrap import estimate, macro_weights, spearman
 from tuner.study.settings import EvalSettings
 
@@ -177,12 +177,12 @@ def run(args: argparse.Namespace) -> None:
             refs = {} if score_only else fid.references()
             for ex in ev.examples:
                 c0 = time.process_time()
-                pred = _run(engine, ex).text or ""
+                pred = run_example(engine, ex).text or ""
                 c1 = time.process_time()
                 if score_only:  # what benchmarks/decision_rule.py reads of the test split
                     examples.append(
                         {"split": split, "dataset": ex.dataset, "key": ex.key,
-                         "score": 100.0 * (float(base[ex.key]["score"]) - _score(ex, pred)),
+                         "score": 100.0 * (float(base[ex.key]["score"]) - score_prediction(ex, pred)),
                          "kl": None, "1-top1": None, "gold": None, "cpu_score": c1 - c0,
                          "cpu_fidelity": None, "cpu_gold": None, "prompt_tokens": len(ex.input_ids)}
                     )  # fmt: skip
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> None:
                         "split": split,
                         "dataset": ex.dataset,
                         "key": ex.key,
-                        "score": 100.0 * (float(base[ex.key]["score"]) - _score(ex, pred)),
+                        "score": 100.0 * (float(base[ex.key]["score"]) - score_prediction(ex, pred)),
                         "kl": kl_drift.kl,
                         "1-top1": 1.0 - kl_drift.top1,
                         "gold": None if full is None else full.gold_delta,

@@ -40,7 +40,7 @@ from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.scoring import Scoring
 from tuner.evaluation.fidelity import FidelityEvaluator
-from tuner.evaluation.runner import Evaluator, _run, _score
+from tuner.evaluation.runner import Evaluator, run_example, score_prediction
 from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, paired_estimate
 from tuner.study.settings import EvalSettings
 
@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     base, refs = ev.baseline(), fid.references()
                     for ex in ev.examples:
                         drift = fid.example_drift(engine, ex, refs[ex.key])
-                        pred = _run(engine, ex).text or ""
-                        loss = 100.0 * (float(base[ex.key]["score"]) - _score(ex, pred))
+                        pred = run_example(engine, ex).text or ""
+                        loss = 100.0 * (float(base[ex.key]["score"]) - score_prediction(ex, pred))
                         rows.append(
                             {"split": split, "dataset": ex.dataset, "key": ex.key, "kl": drift.kl,
                              "top1": drift.top1, "loss": loss}

@@ -169,3 +169,40 @@ def hand_record(
         accuracy=accuracy, flop_speedup=speedup, prompt_computed_pct=100.0 / speedup, examples_run=4,
         loss=est, speedup=speedup,
     )  # fmt: skip
+
+
+def decision_outcome(
+    next_upper: float, slope: float, slope_upper: float, max_scored: float, at_90: float | None = None
+) -> Any:
+    """A :class:`~tuner.study.outcome.StudyOutcome` for the decision: trial 1 (1.4x, KL 0.1)
+    recommended; trial 2 (1.8x, KL 0.3, bound ``next_upper``) the next step up; a pooled calibration
+    (``slope``, ``slope_upper`` at 0.6, largest scored KL ``max_scored``, 13 examples, budget 2 points);
+    ``at_90``: the slope's bound at --confidence 0.9 (None: a calibration stored before it was recorded)."""
+    from tuner.stages.confirm import CandidateResult, Confirmation
+    from tuner.statistics.bootstrap import Estimate
+    from tuner.statistics.calibration import Calibration
+    from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
+    from tuner.study.identity import StudyIdentity
+    from tuner.study.outcome import StudyOutcome
+
+    identity = {
+        "model": "tiny",
+        "task": "qa",
+        "search_space": "stages",
+        "speedup": "flops",
+        "n_examples": None,
+    }
+    records = (
+        hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
+        hand_record(1, 1.4, 0.1, (0.0, 30.0, 0.0, 0.0)),
+        hand_record(2, 1.8, 0.3, (0.0, 60.0, 0.0, 0.0), upper=next_upper),
+    )
+    cal = Calibration(
+        slope, slope_upper, 0.6, 13, (1,), max_scored, ((1, 0.1, slope * 0.1),),
+        None if at_90 is None else 0.9, at_90,
+    )  # fmt: skip
+    est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
+    rec = CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.4, 0.1, "confirmed", est, "why")
+    conf = Confirmation(2.0, 0.9, (rec,), 13, 3, "pooled", cal)
+    budget = Budget(FidelityLoss(0.6), ScoreLoss(2.0))
+    return StudyOutcome("s", StudyIdentity.from_dict(identity), budget, records, conf)

@@ -41,7 +41,7 @@ from lazyllm.schedule import Schedule
 
 DEFAULT_TOP_K = 64
 # unpruned prefills kept per evaluator so trials start at their first pruning layer; past this many
-# bytes (about 13 SmolLM2 prompts of 1024 tokens take 1.5 GB) the remaining examples run in full
+# bytes (each kept prefill holds every layer of one prompt; see docs/ for a measured size) the rest run in full
 PREFIX_CACHE_BYTES = 2 * 1024**3
 # v2: references teacher-forced in one pass after the prefill (LazyLLM.forced_logits), so a keep-all
 # trial reproduces them bit for bit; v1 files (step by step) are recomputed, not mixed with v2 trials

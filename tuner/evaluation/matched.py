@@ -30,13 +30,11 @@ positive = worse.
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lazyllm.atomic import write_atomic
 from lazyllm.flops import ModelDims
@@ -52,11 +50,6 @@ SWEEP_SHARES: tuple[float, ...] = (0.1, 0.3, 0.6)
 """Size-knob settings (shares of the prompt kept) each peer's curve runs at."""
 DEFAULT_PEERS = tuple(p.name for p in PEERS.values() if p.published)
 """The peers compared when ``--methods`` names none: the published configurations (gemfilter, tsp)."""
-
-
-def interval_text(est: Estimate) -> str:
-    """``+1.25 [-0.50, +3.00]``: a loss and its interval, score points."""
-    return f"{est.value:+.2f} [{est.low:+.2f}, {est.high:+.2f}]"
 
 
 @dataclass(frozen=True)
@@ -163,7 +156,7 @@ def cached_run(runner: Runner, cache_dir: Path, keys: Sequence[tuple[str, str]],
             (speed_path, json.dumps(done.speed.to_dict(), indent=1)),
         ):
             write_atomic(target, text)
-        key.write_text(fingerprint)
+        write_atomic(key, fingerprint)
         return done
 
     return run
@@ -186,225 +179,128 @@ class MatchedReport:
     """How each method scores tokens (its source and rule; the tuned schedule's own rule)."""
 
 
-def compare(
-    runner: Runner,
-    baseline: Sequence[ExampleResult],
-    schedule: Schedule,
-    dims: ModelDims,
-    lengths: Sequence[int],
-    *,
-    peers: Sequence[str] = DEFAULT_PEERS,
-    fixed: Mapping[str, Mapping[str, float]] | None = None,
-    sweep: Sequence[float] = SWEEP_SHARES,
-    level: float = DEFAULT_LEVEL,
-) -> MatchedReport:
+@dataclass(frozen=True)
+class MatchRequest:
+    """What to compare the tuned schedule with, on which examples.
+
+    Attributes:
+        baseline: the unpruned results on the evaluation examples. schedule: the tuned schedule.
+        dims: the model's FLOP-model dimensions. lengths: the examples' prompt lengths (the FLOP
+        speedups are medians over them; the peers are matched at their median).
+        peers: methods to match (each needs a size knob). fixed: per-peer knobs to keep (e.g.
+        ``{"gemfilter": {"r": 10}}``). sweep: size-knob settings of each peer's curve.
+        level: of every interval (Table 3's).
+    """
+
+    baseline: tuple[ExampleResult, ...]
+    schedule: Schedule
+    dims: ModelDims
+    lengths: tuple[int, ...]
+    peers: tuple[str, ...] = DEFAULT_PEERS
+    fixed: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    sweep: tuple[float, ...] = SWEEP_SHARES
+    level: float = DEFAULT_LEVEL
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise ValueError("no prompt lengths to match speedups at: the comparison needs examples")
+        for method in self.peers:
+            if method_spec(method).size_knob is None:
+                raise ValueError(
+                    f"method {method!r} has no size knob to match; peers: {', '.join(peer_names())}"
+                )
+
+    @property
+    def median_length(self) -> int:
+        return int(statistics.median(self.lengths))
+
+
+def compare(runner: Runner, request: MatchRequest) -> MatchedReport:
     """Evaluate the tuned schedule, each peer at the matched speedup and along its sweep (see the module
-    docstring). ``fixed`` holds per-peer knobs to keep (e.g. ``{"gemfilter": {"r": 10}}``); ``level``:
-    of every interval (Table 3's)."""
-    fixed = fixed or {}
+    docstring), and read each peer's speedup at the tuned schedule's loss off its curve."""
     tuned_run = runner("lazyllm", {})
-    tuned_res = tuned_run.results
-
-    def point(method: str, options: Mapping[str, float], role: str, done: Evaluated) -> Point:
-        res = done.results
-        return Point(
-            label=label_of(method, options) if role != "tuned" else "tuned schedule",
-            method=method,
-            options=dict(options),
-            role=role,
-            n=len(res),
-            score=macro_score(res),
-            vs_baseline=loss_estimate(res, baseline, level=level),
-            vs_tuned=None if role == "tuned" else loss_estimate(res, tuned_res, level=level),
-            flop_speedup=median_flop_speedup(method, options, schedule, dims, lengths),
-            ttft_speedup=done.speed.ttft.speedup,
-            speed=done.speed,
-        )
-
-    tuned = point("lazyllm", {}, "tuned", tuned_run)
-    target = tuned.flop_speedup
-    n_mid = int(statistics.median(lengths))
+    tuned = _point(request, tuned_run.results, "lazyllm", {}, "tuned", tuned_run)
     points = [tuned]
     unreachable: dict[str, float] = {}
-    for method in peers:
-        size_knob = method_spec(method).size_knob
-        if size_knob is None:
-            raise ValueError(f"method {method!r} has no size knob to match; peers: {', '.join(peer_names())}")
-        knobs = dict(fixed.get(method, {}))
-        knobs.pop(size_knob, None)
-        matched = match_speedup(method, dims, n_mid, target, knobs)
-        if matched is None:  # even one kept token is slower than the target
-            unreachable[method] = peer_flop_speedup(method, dims, n_mid, {**knobs, size_knob: 1 / n_mid})
-        else:
-            matched = {k: round(v, 4) for k, v in matched.items()}
-            points.append(point(method, matched, "matched", runner(method, matched)))
-        for share in sweep:
-            options = {**knobs, size_knob: share}
-            points.append(point(method, options, "sweep", runner(method, options)))
-    at_loss: dict[str, dict[str, float | None]] = {}
-    for method in peers:
-        curve = [p for p in points if p.method == method]
-        at_loss[method] = {
-            kind: speedup_at_loss(curve, tuned.loss, kind) for kind in ("flop_speedup", "ttft_speedup")
-        }
+    for method in request.peers:
+        peer_points, best = _peer_points(runner, request, tuned_run.results, tuned.flop_speedup, method)
+        points += peer_points
+        if best is not None:
+            unreachable[method] = best
     return MatchedReport(
-        n=len(tuned_res),
-        level=level,
-        target_flop_speedup=target,
+        n=len(tuned_run.results),
+        level=request.level,
+        target_flop_speedup=tuned.flop_speedup,
         tuned=tuned,
-        baseline_score=macro_score(baseline),
+        baseline_score=macro_score(request.baseline),
         points=points,
-        at_loss=at_loss,
+        at_loss=_speedups_at_loss(points, request.peers, tuned.loss),
         unreachable=unreachable,
-        rules={"tuned schedule": f"scoring {schedule.scoring}"}
-        | {method: method_spec(method).rule for method in peers},
+        rules={"tuned schedule": f"scoring {request.schedule.scoring}"}
+        | {method: method_spec(method).rule for method in request.peers},
     )
 
 
-# Writing ------------------------------------------------------------------------------------------
-def rows(report: MatchedReport) -> list[dict[str, Any]]:
-    """One CSV row per point; losses are reference - point (score points, positive = worse)."""
-    out = []
-    for p in report.points:
-        row: dict[str, Any] = {
-            "label": p.label,
-            "method": p.method,
-            "role": p.role,
-            "options": json.dumps(p.options, sort_keys=True),
-            "n": p.n,
-            "score": round(p.score, 2),
+def _point(
+    request: MatchRequest,
+    tuned: Sequence[ExampleResult],
+    method: str,
+    options: Mapping[str, float],
+    role: str,
+    done: Evaluated,
+) -> Point:
+    """One evaluated setting scored against the baseline and the tuned schedule's ``tuned`` results."""
+    res = done.results
+    return Point(
+        label=label_of(method, options) if role != "tuned" else "tuned schedule",
+        method=method,
+        options=dict(options),
+        role=role,
+        n=len(res),
+        score=macro_score(res),
+        vs_baseline=loss_estimate(res, request.baseline, level=request.level),
+        vs_tuned=None if role == "tuned" else loss_estimate(res, tuned, level=request.level),
+        flop_speedup=median_flop_speedup(method, options, request.schedule, request.dims, request.lengths),
+        ttft_speedup=done.speed.ttft.speedup,
+        speed=done.speed,
+    )
+
+
+def _peer_points(
+    runner: Runner, request: MatchRequest, tuned: Sequence[ExampleResult], target: float, method: str
+) -> tuple[list[Point], float | None]:
+    """A peer at the size knob that matches the ``target`` FLOP speedup, then along its sweep; and,
+    when no knob reaches the target, the best speedup it has (one token kept) instead of a matched point."""
+    size_knob = method_spec(method).size_knob
+    assert size_knob is not None  # checked by MatchRequest
+    n_mid = request.median_length
+    knobs = dict(request.fixed.get(method, {}))
+    knobs.pop(size_knob, None)
+    points: list[Point] = []
+    unreachable = None
+    matched = match_speedup(method, request.dims, n_mid, target, knobs)
+    if matched is None:  # even one kept token is slower than the target
+        unreachable = peer_flop_speedup(method, request.dims, n_mid, {**knobs, size_knob: 1 / n_mid})
+    else:
+        matched = {k: round(v, 4) for k, v in matched.items()}
+        points.append(_point(request, tuned, method, matched, "matched", runner(method, matched)))
+    for share in request.sweep:
+        options = {**knobs, size_knob: share}
+        points.append(_point(request, tuned, method, options, "sweep", runner(method, options)))
+    return points, unreachable
+
+
+def _speedups_at_loss(
+    points: Sequence[Point], peers: Sequence[str], loss: float
+) -> dict[str, dict[str, float | None]]:
+    """Per peer: its FLOP and measured TTFT speedups at accuracy loss ``loss``, off its curve."""
+    return {
+        method: {
+            kind: speedup_at_loss([p for p in points if p.method == method], loss, kind)
+            for kind in ("flop_speedup", "ttft_speedup")
         }
-        for name, est in (("loss_vs_baseline", p.vs_baseline), ("loss_vs_tuned", p.vs_tuned)):
-            row[name] = None if est is None else round(est.value, 2)
-            row[f"{name}_low"] = None if est is None else round(est.low, 2)
-            row[f"{name}_high"] = None if est is None else round(est.high, 2)
-        row.update(
-            interval_level=report.level,
-            flop_speedup=round(p.flop_speedup, 3),
-            ttft_speedup=round(p.ttft_speedup, 3),
-            timing_clock=p.speed.clock if p.speed else "",
-            timing_rounds=p.speed.ttft.rounds if p.speed else 0,
-        )
-        out.append(row)
-    return out
-
-
-def markdown(report: MatchedReport, header: str) -> str:
-    def fmt(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}x"
-
-    def vs(est: Estimate | None) -> str:
-        return "-" if est is None else interval_text(est)
-
-    timed = [p.speed for p in report.points if p.speed is not None]
-    clocks = ", ".join(sorted({s.clock for s in timed})) or "-"
-    rounds = sorted({s.ttft.rounds for s in timed}) or [0]
-    timing = (
-        f"measured TTFT speedups by tuner.evaluation.speed: clock {clocks}, "
-        f"{rounds[0] if len(rounds) == 1 else f'{rounds[0]}-{rounds[-1]}'} interleaved rounds per side "
-        f"(minimum per side) on the example of median prompt length"
-    )
-    lines = [
-        header,
-        "",
-        f"**Matched speed**: every peer's size knob set to the tuned schedule's FLOP-model speedup "
-        f"{report.target_flop_speedup:.2f}x (n = {report.n} examples; unpruned score "
-        f"{report.baseline_score:.2f}; loss = reference - method in score points, positive = worse, "
-        f"{report.level:.0%} paired bootstrap interval as in Table 3; {timing})",
-        "",
-        "| method | knobs | n | score | loss vs unpruned | loss vs tuned | FLOP speedup | measured TTFT speedup |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for p in report.points:
-        if p.role not in ("tuned", "matched"):
-            continue
-        knobs = ", ".join(f"{k}={v:g}" for k, v in sorted(p.options.items())) or "-"
-        lines.append(
-            f"| {p.label if p.role == 'matched' else 'tuned schedule (lazyllm)'} | {knobs} | {p.n} | "
-            f"{p.score:.2f} | {vs(p.vs_baseline)} | {vs(p.vs_tuned)} | {p.flop_speedup:.2f}x | "
-            f"{p.ttft_speedup:.2f}x |"
-        )
-    for method, best in report.unreachable.items():
-        lines.append(f"| {method} | - | - | unreachable: at most {best:.2f}x with one token kept | | | | |")
-    if report.rules:
-        lines += ["", "**Scoring rules**", ""]
-        lines += [f"- {method}: {rule}" for method, rule in report.rules.items()]
-    lines += [
-        "",
-        f"**Matched loss**: each method's speedup at the tuned schedule's loss "
-        f"({report.tuned.loss:+.2f} points), read off its knob sweep",
-        "",
-        "| method | FLOP speedup at that loss | measured TTFT speedup at that loss |",
-        "|---|---|---|",
-        f"| tuned schedule | {report.tuned.flop_speedup:.2f}x | {report.tuned.ttft_speedup:.2f}x |",
-    ]
-    for method, speeds in report.at_loss.items():
-        lines.append(f"| {method} | {fmt(speeds['flop_speedup'])} | {fmt(speeds['ttft_speedup'])} |")
-    lines += [
-        "",
-        "**All points** (also in matched.csv)",
-        "",
-        "| point | n | score | loss vs unpruned | loss vs tuned | FLOP | TTFT |",
-    ]
-    lines.append("|---|---|---|---|---|---|---|")
-    for p in report.points:
-        lines.append(
-            f"| {p.label} | {p.n} | {p.score:.2f} | {vs(p.vs_baseline)} | {vs(p.vs_tuned)} | "
-            f"{p.flop_speedup:.2f}x | {p.ttft_speedup:.2f}x |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot(report: MatchedReport, path: Path, title: str) -> None:
-    """Score vs speedup, FLOP model (left) and measured TTFT (right): a curve per method, tuned on top."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    methods = list(dict.fromkeys(p.method for p in report.points if p.role != "tuned"))
-    for ax, kind, name in zip(
-        axes, ("flop_speedup", "ttft_speedup"), ("FLOP-model prefill", "measured TTFT")
-    ):
-        for i, method in enumerate(methods):
-            curve = sorted((p for p in report.points if p.method == method), key=lambda p: getattr(p, kind))
-            xs = [getattr(p, kind) for p in curve]
-            ax.plot(xs, [p.score for p in curve], "o-", c=f"C{i}", label=method, alpha=0.8)
-            for p in curve:
-                if p.role == "matched":
-                    ax.scatter(getattr(p, kind), p.score, s=110, facecolors="none", edgecolors=f"C{i}")
-        t = report.tuned
-        ax.scatter(getattr(t, kind), t.score, marker="*", s=260, c="k", zorder=5, label="tuned schedule")
-        ax.axhline(report.baseline_score, ls="--", c="gray", lw=1, label="unpruned")
-        what = (
-            "median over examples"
-            if kind == "flop_speedup"
-            else "tuner.evaluation.speed, median-length example"
-        )
-        ax.set_xlabel(f"{name} speedup (x, {what})")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("score (macro over datasets)")
-    axes[1].legend(fontsize=8, loc="best")
-    fig.suptitle(
-        f"{title}: n = {report.n} examples per point (circled: matched to the tuned speedup)", fontsize=10
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write(report: MatchedReport, out_dir: Path, header: str, title: str) -> str:
-    """``matched.md``, ``matched.csv``, ``matched.png``; returns the markdown."""
-    text = markdown(report, header)
-    (out_dir / "matched.md").write_text(text)
-    table = rows(report)
-    with (out_dir / "matched.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
-    plot(report, out_dir / "matched.png", title)
-    return text
+        for method in peers
+    }
 
 
 def run(
@@ -413,8 +309,9 @@ def run(
     schedule: Schedule,
     baseline: Sequence[ExampleResult],
     known: Mapping[str, Evaluated] | None = None,
-) -> str:
-    """The ``--match-speedup`` part of ``python -m tuner.evaluate``: compare, write, return the markdown.
+) -> MatchedReport:
+    """The ``--match-speedup`` part of ``python -m tuner.evaluate``: the comparison, from its cache
+    where it holds them (the report is written by :func:`tuner.report.matched.write`).
 
     Peers come from ``--methods`` (:data:`DEFAULT_PEERS` if it names none); their
     ``--method-options`` other than the size knob stay fixed. ``known``: results and timing the caller has
@@ -442,18 +339,12 @@ def run(
         sort_keys=True,
     )
     keys = [(ex.dataset, ex.record_id) for ex in evaluator.examples]
-    peers = [m for m in settings.method_list if m in peer_names()] or list(DEFAULT_PEERS)
-    report = compare(
-        cached_run(runner, out / "matched", keys, fingerprint),
-        baseline,
-        schedule,
-        dims,
-        [len(ex.input_ids) for ex in evaluator.examples],
-        peers=peers,
+    request = MatchRequest(
+        baseline=tuple(baseline),
+        schedule=schedule,
+        dims=dims,
+        lengths=tuple(len(ex.input_ids) for ex in evaluator.examples),
+        peers=tuple(m for m in settings.method_list if m in peer_names()) or DEFAULT_PEERS,
         fixed=settings.options_by_method,
     )
-    header = (
-        f"model {settings.model}, task {settings.task} ({settings.language}), split {settings.split}, "
-        f"prompts cut to {settings.max_prompt_tokens} tokens, schedule {settings.schedule}"
-    )
-    return write(report, out, header, f"{settings.model_slug} {settings.task} {settings.split}")
+    return compare(cached_run(runner, out / "matched", keys, fingerprint), request)

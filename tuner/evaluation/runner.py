@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -221,13 +221,15 @@ class BaselineCache:
         write_atomic(self.path, json.dumps({"entries": self.entries}, indent=1))
 
 
-def _score(example: Example, prediction: str) -> float:
+def score_prediction(example: Example, prediction: str) -> float:
+    """``prediction`` scored by the example's LongBench metric (0-1)."""
     spec = DATASETS[example.dataset]
     classes = list(example.all_classes) if example.all_classes else None
     return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
 
 
-def _run(generator: Generator, example: Example) -> GenerationResult:
+def run_example(generator: Generator, example: Example) -> GenerationResult:
+    """``generator`` on ``example``'s prompt: greedy, up to its answer length, with its stop strings."""
     return generator.generate(
         torch.tensor(example.input_ids),
         max_new_tokens=example.max_new_tokens,
@@ -279,13 +281,13 @@ class Evaluator:
         # an entry from before answer ids were cached is recomputed (the fidelity needs the ids)
         missing = [ex for ex in self.examples if "token_ids" not in self.cache.entries.get(ex.key, {})]
         if missing:
-            _run(self.baseline_engine, missing[0])  # warm-up, not recorded
+            run_example(self.baseline_engine, missing[0])  # warm-up, not recorded
         for ex in tqdm(missing, desc="baseline", disable=not self.progress or not missing):
-            result = _run(self.baseline_engine, ex)
+            result = run_example(self.baseline_engine, ex)
             prediction = result.text or ""
             self.cache.entries[ex.key] = {
                 "prediction": prediction,
-                "score": _score(ex, prediction),
+                "score": score_prediction(ex, prediction),
                 "ttft_s": result.ttft_s,
                 "total_s": result.total_s,
                 "new_tokens": len(result.token_ids),
@@ -353,7 +355,7 @@ class Evaluator:
         results: list[ExampleResult] = []
         bar = tqdm(self.examples, desc=desc or method, disable=not self.progress, leave=False)
         for ex in bar:
-            result = _run(generator, ex)
+            result = run_example(generator, ex)
             prediction = result.text or ""
             results.append(
                 ExampleResult(
@@ -361,7 +363,7 @@ class Evaluator:
                     record_id=ex.record_id,
                     method=method,
                     prediction=prediction,
-                    score=_score(ex, prediction),
+                    score=score_prediction(ex, prediction),
                     ttft_s=result.ttft_s,
                     total_s=result.total_s,
                     prompt_tokens=result.prompt_tokens,
@@ -409,9 +411,112 @@ def macro_score(results: Sequence[ExampleResult]) -> float:
     return float(statistics.fmean(dataset_scores(results).values()))
 
 
+Item = TypeVar("Item", Example, ExampleResult)
+
+
+def by_category(items: Sequence[Item]) -> dict[str, list[Item]]:
+    """Examples (or results) per LongBench category of their dataset, then ``"all"``."""
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        groups.setdefault(DATASETS[item.dataset].category, []).append(item)
+    groups["all"] = list(items)
+    return groups
+
+
+@dataclass(frozen=True)
+class EvaluationSummary:
+    """One method on a set of examples against the unpruned baseline on the same examples.
+
+    Attributes:
+        n_examples: examples scored. score / baseline_score: macro LongBench score over datasets.
+        loss: the accuracy loss (score points, ``baseline - method``: positive = worse) with its
+        standard error, paired bootstrap interval and one-sided upper bound at ``loss.level``
+        (:func:`loss_estimate`). dataset_scores / baseline_dataset_scores: LongBench score per dataset.
+        prompt_computed_pct: mean share of prompt (token, layer) pairs computed, percent.
+        speed: the measured speedups (clock, rounds and every timing), None where not timed.
+
+    ``to_dict`` is the ``<method>.summary.json`` layout; :meth:`from_dict` is its one loader.
+    """
+
+    n_examples: int
+    score: float
+    baseline_score: float
+    loss: Estimate
+    dataset_scores: dict[str, float]
+    baseline_dataset_scores: dict[str, float]
+    prompt_computed_pct: float
+    speed: MethodSpeed | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_examples < 1:
+            raise ValueError(f"n_examples = {self.n_examples}: a summary needs at least one example")
+        if set(self.dataset_scores) != set(self.baseline_dataset_scores):
+            raise ValueError(
+                f"datasets differ: method {sorted(self.dataset_scores)}, "
+                f"baseline {sorted(self.baseline_dataset_scores)} (a paired loss needs the same examples)"
+            )
+        if not 0.0 <= self.prompt_computed_pct <= 100.0:
+            raise ValueError(f"prompt_computed_pct = {self.prompt_computed_pct}: must be in [0, 100]")
+
+    def dataset_losses(self) -> dict[str, float]:
+        """Accuracy loss per dataset (score points, baseline - method), in ``dataset_scores`` order."""
+        return {d: self.baseline_dataset_scores[d] - v for d, v in self.dataset_scores.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "n_examples": self.n_examples,
+            "score": self.score,
+            "baseline_score": self.baseline_score,
+            "accuracy_loss": self.loss.value,
+            "accuracy_loss_se": self.loss.to_dict()["se"],
+            "accuracy_loss_interval": [self.loss.low, self.loss.high],
+            "accuracy_loss_upper": self.loss.upper,
+            "interval_level": self.loss.level,
+            "dataset_scores": dict(self.dataset_scores),
+            "baseline_dataset_scores": dict(self.baseline_dataset_scores),
+            "prompt_computed_pct": self.prompt_computed_pct,
+        }
+        if self.speed is not None:
+            out.update(
+                ttft_speedup=self.speed.ttft.speedup,
+                total_speedup=self.speed.total.speedup,
+                timing_clock=self.speed.clock,
+                speed=self.speed.to_dict(),
+            )
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvaluationSummary:
+        """Read a ``<method>.summary.json``; the speedups are read from ``speed`` (its loose
+        ``ttft_speedup``/``total_speedup``/``timing_clock`` copies are not read back)."""
+        low, high = data["accuracy_loss_interval"]
+        loss = Estimate.from_dict(
+            {
+                "value": data["accuracy_loss"],
+                "se": data.get("accuracy_loss_se"),
+                "low": low,
+                "high": high,
+                "upper": data["accuracy_loss_upper"],
+                "level": data["interval_level"],
+                "n": data["n_examples"],
+            }
+        )
+        speed = data.get("speed")
+        return cls(
+            n_examples=int(data["n_examples"]),
+            score=float(data["score"]),
+            baseline_score=float(data["baseline_score"]),
+            loss=loss,
+            dataset_scores={str(k): float(v) for k, v in data["dataset_scores"].items()},
+            baseline_dataset_scores={str(k): float(v) for k, v in data["baseline_dataset_scores"].items()},
+            prompt_computed_pct=float(data["prompt_computed_pct"]),
+            speed=None if speed is None else MethodSpeed.from_dict(speed),
+        )
+
+
 def summarize(
     results: Sequence[ExampleResult], baseline: Sequence[ExampleResult], speed: MethodSpeed | None = None
-) -> dict[str, Any]:
+) -> EvaluationSummary:
     """Macro-averaged score over datasets, accuracy loss against the baseline on the same examples
     (with its standard error, 90% paired bootstrap interval and one-sided upper bound), mean share of
     prompt (token, layer) pairs computed, and the measured ``speed`` when given (clock, rounds and
@@ -420,32 +525,16 @@ def summarize(
         raise ValueError("no results to summarize")
     done = {(r.dataset, r.record_id) for r in results}
     base = [b for b in baseline if (b.dataset, b.record_id) in done]
-    scores = dataset_scores(results)
-    base_scores = dataset_scores(base)
-    score = macro_score(results)
-    base_score = macro_score(base)
-    loss = loss_estimate(results, base)  # paired bootstrap over the same examples (90%, fixed seed)
-    out: dict[str, Any] = {
-        "n_examples": len(results),
-        "score": score,
-        "baseline_score": base_score,
-        "accuracy_loss": loss.value,
-        "accuracy_loss_se": loss.to_dict()["se"],
-        "accuracy_loss_interval": [loss.low, loss.high],
-        "accuracy_loss_upper": loss.upper,
-        "interval_level": loss.level,
-        "dataset_scores": scores,
-        "baseline_dataset_scores": base_scores,
-        "prompt_computed_pct": 100 * statistics.fmean(r.prompt_computed_fraction for r in results),
-    }
-    if speed is not None:
-        out.update(
-            ttft_speedup=speed.ttft.speedup,
-            total_speedup=speed.total.speedup,
-            timing_clock=speed.clock,
-            speed=speed.to_dict(),
-        )
-    return out
+    return EvaluationSummary(
+        n_examples=len(results),
+        score=macro_score(results),
+        baseline_score=macro_score(base),
+        loss=loss_estimate(results, base),  # paired bootstrap over the same examples (90%, fixed seed)
+        dataset_scores=dataset_scores(results),
+        baseline_dataset_scores=dataset_scores(base),
+        prompt_computed_pct=100 * statistics.fmean(r.prompt_computed_fraction for r in results),
+        speed=speed,
+    )
 
 
 def loss_estimate(
@@ -475,15 +564,3 @@ def loss_estimate(
         level=level,
         seed=seed,
     )
-
-
-def write_results(
-    results: Sequence[ExampleResult], summary: dict[str, Any], out_dir: Path, name: str
-) -> None:
-    """``<name>.jsonl`` (one line per example) and ``<name>.summary.json``; reruns overwrite."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for path, text in (
-        (out_dir / f"{name}.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in results)),
-        (out_dir / f"{name}.summary.json", json.dumps(summary, indent=2) + "\n"),
-    ):
-        write_atomic(path, text)

@@ -7,20 +7,19 @@ makes a run slower. So:
 1. **A clock that load does not move** (``clock``). On a CPU the default is ``cpu``: each timed call
    runs on one thread and is timed by that thread's CPU time (``time.thread_time``), which counts only
    the time the thread actually ran, so another process taking cores for a while does not inflate it.
-   Wall-clock time on two threads, even as the minimum of several runs, was off by up to +41% under a
-   bursty one-core hog (``benchmarks/timing_under_load.py``): a 1-2 s prefill almost never fits a
-   quiet gap, and the two sides are hit differently. On CUDA (``auto``) the clock is the wall clock
-   with a device sync: the GPU is not shared with the background load that troubles a CPU.
-   Under one or two such hogs, 17 of 18 CPU-clock measurements (3 rounds) landed within 10% of the
-   quiet two-thread wall-clock value (wall clock: 6 of 18, worst +68%); the exception, +15%, is the
-   most aggressive schedule, whose one-thread ratio runs ~5% above the two-thread one even when quiet
-   (fixed per-layer overheads parallelise worse than the matrix products).
+   Wall-clock time on several threads, even as the minimum of several runs, is moved by a bursty
+   background process (``benchmarks/timing_under_load.py`` measures by how much; see docs/): a
+   prefill of a second or two rarely fits a quiet gap, and the two sides are hit differently. On CUDA
+   (``auto``) the clock is the wall clock with a device sync: the GPU is not shared with the
+   background load that troubles a CPU. The one-thread ratio of a very aggressive schedule can sit
+   a little above the multi-thread one even on a quiet machine (fixed per-layer overheads
+   parallelise worse than the matrix products).
 2. **Interleave**: ``rounds`` rounds, each timing the unpruned model and the schedule once, the order
    alternating per round (neither side always runs first after a warm or cold cache).
 3. **Minimum per side**: the speedup is ``min(baseline) / min(schedule)``; the fastest of several runs
    is the one least touched by what remains (cache and memory-bandwidth contention).
-4. **Plausibility**: realized / FLOP-model speedup is 0.96-1.05 on a quiet CPU for ordinary schedules
-   (the prefill benchmark); a ratio outside ``plausible`` is re-measured with more rounds
+4. **Plausibility**: realized / FLOP-model speedup stays close to 1 on a quiet CPU for ordinary
+   schedules (``benchmarks/prefill_speed.py``); a ratio outside ``plausible`` is re-measured with more rounds
    (``extra_rounds``) and, if still outside, recorded as implausible (never silently dropped).
 5. **Spread**: per side ``median / min - 1`` of the timings, so a record shows how loaded the
    machine was while it measured.

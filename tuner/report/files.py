@@ -22,9 +22,7 @@ on the folder (where the system offers ``flock``), so the files always come from
 from __future__ import annotations
 
 import base64
-import csv
 import html
-import io
 import json
 import os
 import shutil
@@ -35,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from lazyllm.atomic import replace_with, write_atomic
+from tuner.report.figure import save_figure
 from tuner.report.plots import (
     calibration_figure,
     keep_curve_schedules,
     plot_keep_curves,
     plot_pareto,
-    save_figure,
 )
+from tuner.report.table import csv_text
 from tuner.study.outcome import StudyOutcome
 
 COLUMNS = ("trial", "speedup", "speedup_kind", "accuracy_loss", "accuracy_loss_unit", "accuracy_loss_interval",
@@ -143,11 +142,7 @@ def _write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
     rows = front_rows(outcome)
     _pareto_folder(outcome, out_dir)
     written = [out_dir / "pareto", _json(out_dir / "pareto.json", rows)]
-    table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=list(COLUMNS))
-    writer.writeheader()
-    writer.writerows(rows)
-    written.append(write_atomic(out_dir / "pareto.csv", table.getvalue()))
+    written.append(write_atomic(out_dir / "pareto.csv", csv_text(rows, COLUMNS)))
     best = outcome.recommended
     rec_path = out_dir / "recommended.json"
     if best is not None:

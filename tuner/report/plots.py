@@ -7,26 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lazyllm.schedule import Schedule
+from tuner.report.figure import pyplot, save_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from tuner.study.outcome import StudyOutcome
-
-
-def _pyplot():  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Figure, path: Path) -> None:
-    """``fig`` as a PNG at ``path``, then closed."""
-    fig.savefig(path, dpi=120, format="png")
-    _pyplot().close(fig)
 
 
 def plot_pareto(outcome: StudyOutcome, path: Path) -> None:
@@ -37,7 +23,7 @@ def plot_pareto(outcome: StudyOutcome, path: Path) -> None:
 def pareto_figure(outcome: StudyOutcome) -> Figure:
     """Every complete trial (hollow when over the search budget), the front, the budget line, the
     recommended trial (a star), loss intervals as error bars, and the sample counts in the title."""
-    plt = _pyplot()
+    plt = pyplot()
     loss = outcome.search_loss
     done = outcome.complete
     ok = [r for r in done if r.loss is not None and loss.within(r.loss)]
@@ -100,7 +86,7 @@ def plot_keep_curves(
     schedules: dict[str, Schedule], path: Path, title: str = "", emphasis: tuple[str, ...] = ()
 ) -> None:
     """Share of prompt tokens computed per layer (percent); ``emphasis`` labels are drawn bold."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.8))
@@ -117,8 +103,7 @@ def plot_keep_curves(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def calibration_figure(outcome: StudyOutcome) -> Figure | None:
@@ -128,7 +113,7 @@ def calibration_figure(outcome: StudyOutcome) -> Figure | None:
     if conf is None or conf.calibration is None:
         return None
     cal = conf.calibration
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.8))
     for c in conf.candidates:
         if c.loss is None:

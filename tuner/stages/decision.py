@@ -1,18 +1,19 @@
-"""What bound the answer, in one paragraph: the budget, the search's cap, the data, or the time.
+"""What bound the answer, as data: the budget, the search's cap, the data, or the time (the paragraph
+that says it in words is :func:`tuner.report.decision.paragraph`).
 
 * **budget**: a faster schedule of the front exists and its predicted (or measured) task loss is over
-  the budget; the paragraph names it and what it would have needed.
+  the budget; the decision holds it and what it would have needed.
 * **cap**: the next faster schedule of the front is outside the search's own cap (its loss bound over
-  ``--max-kl``), so it was never a candidate; the paragraph gives its bound, the cap and, where the
+  ``--max-kl``), so it was never a candidate; the decision holds its bound, the cap and, where the
   calibration has one, its predicted task loss.
-* **data**: its point estimate is within budget but the evidence cannot certify it; the paragraph says
+* **data**: its point estimate is within budget but the evidence cannot certify it; the decision holds
   how many validation examples would (:meth:`tuner.statistics.calibration.Calibration.examples_to_certify`).
-* **time**: the recommendation is the fastest schedule the study completed; the paragraph says how
-  many trials fit the timeout at this model's measured cost per trial, and the ``--timeout`` that would
+* **time**: the recommendation is the fastest schedule the study completed; the decision holds
+  how many trials fit the timeout at this model's measured cost per trial, and the ``--timeout`` that would
   fit ``--n-trials``.
 
-Whatever decided, a recommendation certified by the pooled calibration also gets one sentence on its
-own certainty: it was chosen on the bound at ``--decision-level``; the sentence says whether the bound
+Whatever decided, a recommendation certified by the pooled calibration also gets a :class:`Certainty`
+on its own: it was chosen on the bound at ``--decision-level``; it holds whether the bound
 at ``--confidence`` is within the budget too, and if not, how many validation examples would make it
 so (the power statement of :meth:`tuner.statistics.calibration.Calibration.examples_to_certify`).
 """
@@ -20,13 +21,16 @@ so (the power statement of :meth:`tuner.statistics.calibration.Calibration.examp
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner.statistics.calibration import Calibration
+from tuner.statistics.losses import Loss
 from tuner.study.outcome import StudyOutcome
+from tuner.study.records import TrialRecord
 
 
 @dataclass(frozen=True)
@@ -47,110 +51,160 @@ class TrialTiming:
         ]
         return cls(len(durations), n_trials, statistics.median(durations) if durations else None, timeout_s)
 
-    def sentence(self) -> str:
-        """``"At 41 s per trial (median of 9), --timeout 660 fits about 16 trials; --n-trials 40 needs
-        about --timeout 1640."``"""
-        if self.median_s is None:
-            return "No trial finished yet."
-        per = self.median_s
-        text = f"At {per:.0f} s per trial (median of {self.finished})"
-        if self.timeout_s is not None:
-            text += (
-                f", --timeout {self.timeout_s:g} fits about {int(self.timeout_s // max(per, 1e-9))} trials"
-            )
-        return f"{text}; --n-trials {self.n_trials} needs about --timeout {self.n_trials * per:.0f}."
+    def trials_fitting(self) -> int | None:
+        """Trials that fit ``timeout_s`` at the median trial time (None without either)."""
+        if self.median_s is None or self.timeout_s is None:
+            return None
+        return int(self.timeout_s // max(self.median_s, 1e-9))
+
+    def timeout_needed(self) -> float | None:
+        """The timeout (seconds) that would fit ``n_trials`` at the median trial time."""
+        return None if self.median_s is None else self.n_trials * self.median_s
 
 
-def certainty(kl: float, calibration: Calibration, budget: float) -> str:
-    """One sentence on a recommendation at mean KL ``kl`` chosen by ``calibration``: is it certified at
-    the study's ``confidence`` as well as at the decision level (empty when that was not recorded)?"""
+@dataclass(frozen=True)
+class Certainty:
+    """Whether a recommendation chosen on the bound at the decision level (``level``) is certified at
+    ``confidence`` too: ``upper`` is its predicted task loss bound there (score points) from the
+    calibration's slope bound ``slope_upper`` (points per nat) on ``n_examples`` validation examples;
+    ``examples_needed``: how many would certify it (None when certified, when no number would, or
+    when no cost is measured)."""
+
+    confidence: float
+    level: float
+    n_examples: int
+    budget: float
+    slope_upper: float
+    upper: float
+    examples_needed: int | None
+
+    @property
+    def no_cost(self) -> bool:
+        """Even the bound at ``confidence`` measures no task-score cost of KL."""
+        return self.slope_upper <= 0
+
+    @property
+    def certified(self) -> bool:
+        return not self.no_cost and self.upper <= self.budget
+
+
+def certainty(kl: float, calibration: Calibration, budget: float) -> Certainty | None:
+    """The certainty at the study's ``confidence`` of a recommendation at mean KL ``kl`` chosen by
+    ``calibration`` (None when that level was not recorded, or for keep-all, ``kl <= 0``)."""
     upper = calibration.upper_at_confidence(kl)
     slope_up = calibration.slope_upper_confidence
     if calibration.confidence is None or upper is None or slope_up is None or kl <= 0:
-        return ""
-    at = f"--confidence {calibration.confidence:.0%}"
-    if slope_up <= 0:  # "at most 0 points" would claim more than n examples with no visible cost can
-        return (
-            f"At {at} the calibration still measures no task-score cost of KL (slope bound {slope_up:.1f} points "
-            f"per nat): the {calibration.n_examples} validation examples show none, and a cost that they do not "
-            f"show is not bounded by them. "
-        )
-    if upper <= budget:
-        return (
-            f"At {at} the recommendation is certified too: its predicted task loss is at most {upper:.2f} "
-            f"score points (n={calibration.n_examples}). "
-        )
-    need = calibration.examples_to_certify(kl, budget, at_confidence=True)
-    more = (
-        f"about {need} validation examples (now {calibration.n_examples}) would certify it"
-        if need is not None
-        else "no number of examples would, as its predicted loss is over the budget"
-    )
-    return (
-        f"The recommendation is within the {budget:g}-point budget at the decision level ({calibration.level:.0%}, "
-        f"--decision-level) but not certified at {at}: its predicted task loss could reach {upper:.2f} score "
-        f"points; {more}. "
+        return None
+    need = None
+    if slope_up > 0 and upper > budget:
+        need = calibration.examples_to_certify(kl, budget, at_confidence=True)
+    return Certainty(
+        calibration.confidence, calibration.level, calibration.n_examples, budget, slope_up, upper, need
     )
 
 
-def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
-    """The paragraph (see the module docstring)."""
-    front = outcome.front
+@dataclass(frozen=True)
+class FrontStep:
+    """A schedule of the front: its trial, speedup and search loss (with its one-sided bound)."""
+
+    trial: int
+    speedup: float
+    loss: float
+    loss_upper: float | None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The calibration's task loss of the next faster schedule (score points): its estimate and its
+    one-sided bound at ``level``; ``no_cost``: the calibration measured no cost of KL (slope <= 0),
+    so the estimate is no evidence of a gain."""
+
+    estimate: float
+    upper: float
+    level: float
+    no_cost: bool
+
+
+Decided = Literal[
+    "fastest completed",  # the search: the recommendation is the fastest schedule it completed
+    "nothing completed",  # the data: no schedule to recommend
+    "not task-scored",  # the data: no calibration to certify the next schedule with
+    "over the cap",  # the search's cap: the next schedule was never a candidate
+    "past the scored KL",  # the data: the next schedule is beyond what the calibration covers
+    "over the budget",  # the budget: the next schedule is predicted over it
+    "too few examples",  # the data: within budget as an estimate, not certified
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What bound the answer (see the module docstring), with the numbers that say so.
+
+    Attributes:
+        decided: which case. recommended / next_faster: the recommendation and the slowest front
+        schedule faster than it (None where absent). search_loss: the search's loss (its unit, its
+        cap). budget: the task-score budget (score points). timing: the trials' timing.
+        certainty: of the recommendation at ``--confidence`` (None where not recorded).
+        n_validation: the confirmation's validation examples (None without one).
+        calibration: the pooled calibration (None without one). prediction: its prediction for
+        ``next_faster``. examples_needed: validation examples that would certify ``next_faster``.
+    """
+
+    decided: Decided
+    recommended: FrontStep | None
+    next_faster: FrontStep | None
+    search_loss: Loss
+    budget: float
+    timing: TrialTiming
+    certainty: Certainty | None = None
+    n_validation: int | None = None
+    calibration: Calibration | None = None
+    prediction: Prediction | None = None
+    examples_needed: int | None = None
+
+
+def _step(record: TrialRecord | None) -> FrontStep | None:
+    if record is None:
+        return None
+    upper = None if record.loss is None else record.loss.upper
+    return FrontStep(record.number, float(record.values[0]), float(record.values[1]), upper)
+
+
+def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
+    """What bound the answer of ``outcome`` (see the module docstring)."""
     best = outcome.recommended
     confirmation = outcome.confirmation
     calibration = None if confirmation is None else confirmation.calibration
     budget = outcome.task_budget
-    faster = [r for r in front if best is None or r.values[0] > best.values[0]]
+    faster = [r for r in outcome.front if best is None or r.values[0] > best.values[0]]
     nxt = faster[-1] if faster else None  # the slowest of the faster ones: the next step up
-    own = "" if best is None or calibration is None else certainty(best.values[1], calibration, budget)
-    done = f"{own}{timing.finished} of {timing.n_trials} trials finished. {timing.sentence()}"
-    if best is not None and nxt is None:
-        return (
-            f"What decided: the search. The recommendation (trial {best.number}, {best.values[0]:.2f}x) is the "
-            f"fastest schedule the study completed within budget; more trials may find faster ones. {done}"
-        )
-    if nxt is None:
-        return f"What decided: the data. The study completed no schedule to recommend. {done}"
-    where = f"trial {nxt.number} ({nxt.values[0]:.2f}x, {outcome.search_loss.text(nxt.values[1])})"
-    head = (
-        "nothing is recommended"
-        if best is None
-        else f"the recommendation is trial {best.number} ({best.values[0]:.2f}x)"
+    common = Decision(
+        "nothing completed",
+        recommended=_step(best),
+        next_faster=_step(nxt),
+        search_loss=outcome.search_loss,
+        budget=budget,
+        timing=timing,
+        certainty=None
+        if best is None or calibration is None
+        else certainty(best.values[1], calibration, budget),
+        n_validation=None if confirmation is None else confirmation.n_examples,
+        calibration=calibration,
     )
+    if nxt is None:
+        return replace(common, decided="fastest completed" if best is not None else "nothing completed")
     if calibration is None:
-        n = "?" if confirmation is None else str(confirmation.n_examples)
-        return (
-            f"What decided: the data. {head.capitalize()}; the next faster schedule, {where}, could not be "
-            f"certified on the task score directly (n={n}). "
-            f"{done}"
-        )
+        return replace(common, decided="not task-scored")
     est, up = calibration.predicted(nxt.values[1])
     need = calibration.examples_to_certify(nxt.values[1], budget)
-    prediction = (
-        calibration.no_cost_text()  # a negative "loss" would be read as a gain
-        if calibration.slope <= 0
-        else f"predicted to lose {est:.2f} score points (upper bound {up:.2f}, {calibration.level:.0%})"
-    )
-    cap = outcome.search_loss
-    if nxt.loss is not None and not cap.within(nxt.loss):
-        return (
-            f"What decided: the search's cap. {head.capitalize()}; the next faster schedule, {where}, has a "
-            f"loss bound of {cap.text(nxt.loss.upper)}, over the search's cap of {cap.text(cap.budget)} "
-            f"(--max-kl), so it was not a candidate ({prediction}). {done}"
-        )
-    if not calibration.covers(nxt.values[1]):
-        return (
-            f"What decided: the data. {head.capitalize()}; the next faster schedule, {where}, drifts past the "
-            f"largest KL scored on the task ({calibration.max_scored_kl:.4f} nats), where the calibration is not "
-            f"extrapolated ({prediction}). {done}"
-        )
-    if need is None:
-        return (
-            f"What decided: the budget. {head.capitalize()}; the next faster schedule, {where}, is {prediction}, "
-            f"over the {budget:g}-point budget even as an estimate. {done}"
-        )
-    return (
-        f"What decided: the data. {head.capitalize()}; the next faster schedule, {where}, is {prediction}: within "
-        f"the {budget:g}-point budget as an estimate but not certified; about {need} validation examples "
-        f"(now {calibration.n_examples}) would certify it. {done}"
-    )
+    decided: Decided
+    if nxt.loss is not None and not outcome.search_loss.within(nxt.loss):
+        decided = "over the cap"
+    elif not calibration.covers(nxt.values[1]):
+        decided = "past the scored KL"
+    elif need is None:
+        decided = "over the budget"
+    else:
+        decided = "too few examples"
+    prediction = Prediction(est, up, calibration.level, no_cost=calibration.slope <= 0)
+    return replace(common, decided=decided, prediction=prediction, examples_needed=need)

@@ -310,11 +310,8 @@ class ScoreLoss(Loss):
                 f"{r.dataset}/{r.record_id}": 100.0 * (base[(r.dataset, r.record_id)] - r.score)
                 for r in results
             },
-            per_dataset={
-                d: float(summary["baseline_dataset_scores"][d]) - float(v)
-                for d, v in summary["dataset_scores"].items()
-            },
-            metrics={"score": float(summary["score"]), "baseline_score": float(summary["baseline_score"])},
+            per_dataset=summary.dataset_losses(),
+            metrics={"score": summary.score, "baseline_score": summary.baseline_score},
             examples_run=len(results),
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +26,10 @@ from lazyllm.models import load_model
 from tuner.evaluation.runner import Evaluator
 from tuner.redact import redact_url
 from tuner.report.console import summary_lines
+from tuner.report.decision import explain, timing_sentence
 from tuner.report.files import write_outcome
 from tuner.stages.confirm import confirm
-from tuner.stages.decision import TrialTiming, explain
+from tuner.stages.decision import TrialTiming
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.trial import TrialRunner
@@ -81,7 +83,7 @@ class Progress:
         )
         if len(self.durations) == 1 and record is not None:  # known at minute 2, not minute 15
             timing = TrialTiming(1, self.target, self.durations[0], self.timeout)
-            tqdm.write(f"  time: {timing.sentence()}")
+            tqdm.write(f"  time: {timing_sentence(timing)}")
 
 
 def preflight(settings: SearchSettings) -> None:
@@ -93,9 +95,8 @@ def check_output(settings: SearchSettings) -> None:
     folder = settings.study_dir
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        with tempfile.TemporaryFile(dir=folder):  # can we create a file there? (removed on close)
+            pass
     except OSError as exc:
         raise ValueError(
             f"output folder {folder} is not writable ({exc.strerror}); pass --output DIR"

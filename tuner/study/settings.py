@@ -488,7 +488,9 @@ def add_flags(
         base, _ = _base_type(f)
         flag = "--" + f.name.replace("_", "-")
         meta = dict(f.metadata)
-        text = (helps or {}).get(f.name) or f"{meta.get('help', '')} (default: {f.default})"
+        text = (helps or {}).get(f.name) or str(meta.get("help", ""))
+        if f.name not in (helps or {}) and "(default" not in text:  # a help naming its default keeps it
+            text += f" (default: {f.default})"
         if base == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
             continue

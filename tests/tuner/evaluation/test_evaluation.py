@@ -13,7 +13,8 @@ from lazyllm.methods import make_method
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner import evaluate as evaluate_cli
-from tuner.evaluation.runner import Evaluator, build_examples, summarize, write_results
+from tuner.evaluation.runner import Evaluator, build_examples, summarize
+from tuner.report.evaluation import write_method
 from tuner.study.settings import EvalSettings
 
 
@@ -60,7 +61,7 @@ def test_keep_all_lazyllm_equals_baseline_and_cache_is_reused(
     assert reason is None
     assert [r.prediction for r in results] == [b.prediction for b in baseline]
     summary = summarize(results, baseline)
-    assert summary["accuracy_loss"] == 0.0 and summary["n_examples"] == 6
+    assert summary.loss.value == 0.0 and summary.n_examples == 6
     assert all(r.ttft_s > 0 and r.total_s > 0 for r in results)
 
     # a second evaluator finds everything in the cache and never runs the baseline again
@@ -110,12 +111,12 @@ def test_early_stop_and_overwrite(loaded: tuple[Any, Any], tmp_path: Path) -> No
     )
     assert reason == "enough" and len(results) == 2
     summary = summarize(results, evaluator.baseline_results())
-    assert summary["n_examples"] == 2 and set(summary["dataset_scores"]) == {
+    assert summary.n_examples == 2 and set(summary.dataset_scores) == {
         results[0].dataset,
         results[1].dataset,
     }
     for _ in range(2):
-        write_results(results, summary, tmp_path / "out", "lazyllm")
+        write_method(results, summary, tmp_path / "out", "lazyllm")
     lines = (tmp_path / "out" / "lazyllm.jsonl").read_text().splitlines()
     assert len(lines) == 2 and json.loads(lines[0])["method"] == "lazyllm"
 
@@ -162,3 +163,23 @@ def test_method_speed_round_trips_through_json() -> None:
     speed = MethodSpeed("qasper/7", 480, 32, ttft, total)
     assert MethodSpeed.from_dict(json.loads(json.dumps(speed.to_dict()))) == speed
     assert speed.ttft.speedup == 2.0 / 1.0 and speed.clock == "cpu" and speed.ttft.rounds == 3
+
+
+def test_summary_is_one_record_that_round_trips_through_its_json() -> None:
+    """``<method>.summary.json`` is :meth:`EvaluationSummary.to_dict`; its loader reads it back equal."""
+    from tuner.evaluation.runner import EvaluationSummary, ExampleResult
+
+    def row(ds: str, i: int, score: float, m: str) -> ExampleResult:
+        return ExampleResult(ds, str(i), m, "", score, 1.0, 1.0, 10, 1, 0.5 if m == "x" else 1.0)
+
+    base = [row("hotpotqa" if i < 3 else "qasper", i, s, "b") for i, s in enumerate([1, 0.5, 0, 1, 1, 0])]
+    pruned = [row(b.dataset, int(b.record_id), b.score / 2, "x") for b in base]
+    summary = summarize(pruned, base)
+    data = json.loads(json.dumps(summary.to_dict()))
+    assert EvaluationSummary.from_dict(data) == summary
+    assert data["accuracy_loss"] == summary.loss.value and data["n_examples"] == 6 and "speed" not in data
+    # per dataset: hotpotqa 50 -> 25, qasper 66.67 -> 33.33 (LongBench scores round to 2 digits)
+    assert summary.dataset_losses() == pytest.approx({"hotpotqa": 25.0, "qasper": 33.34})
+    assert summary.prompt_computed_pct == 50.0
+    with pytest.raises(ValueError, match="datasets differ"):
+        EvaluationSummary.from_dict({**data, "baseline_dataset_scores": {"hotpotqa": 50.0}})

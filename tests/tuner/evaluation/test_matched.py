@@ -14,9 +14,11 @@ from lazyllm.flops import ModelDims
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner import evaluate as evaluate_cli
-from tuner.evaluation.matched import Evaluated, Point, compare, label_of, markdown, speedup_at_loss
+from tuner.evaluation.matched import Evaluated, MatchRequest, Point, compare, label_of, speedup_at_loss
 from tuner.evaluation.runner import ExampleResult, MethodSpeed, summarize
 from tuner.evaluation.speed import SpeedMeasurement
+from tuner.report.evaluation import loss_table
+from tuner.report.matched import markdown
 from tuner.statistics.bootstrap import Estimate
 
 NUMBER = r"[-+]?\d+\.\d+"
@@ -43,14 +45,14 @@ def test_the_report_shows_one_interval_per_schedule() -> None:
     base = [_result("a" if i < 8 else "b", i, s) for i, s in enumerate(scores)]
     tuned = [_result(r.dataset, int(r.record_id), s) for r, s in zip(base, [0.0, 1.0, 0.0, 0.0, 1.0, 0.0,
              1.0, 0.0, 0.5, 0.25, 0.25, 1.0])]  # fmt: skip
-    table3 = evaluate_cli.loss_table({"lazyllm": summarize(tuned, base, _speed(1.2))})
+    table3 = loss_table({"lazyllm": summarize(tuned, base, _speed(1.2))})
     dims = ModelDims(
         hidden=32, intermediate=64, heads=4, kv_heads=2, head_dim=8, vocab=100, windows=(None,) * 4
     )
-    report = compare(
-        lambda method, options: Evaluated(tuned, _speed(1.2)),
-        base, Schedule.from_layers("m", 4, {1: 50}), dims, [10] * len(base), peers=(),
-    )  # fmt: skip
+    request = MatchRequest(
+        tuple(base), Schedule.from_layers("m", 4, {1: 50}), dims, (10,) * len(base), peers=()
+    )
+    report = compare(lambda method, options: Evaluated(tuned, _speed(1.2)), request)
     matched_md = markdown(report, "header")
     row3 = next(line for line in table3.splitlines() if line.startswith("| lazyllm |"))
     loss, low, high, _upper = (float(x) for x in re.findall(NUMBER, row3))
@@ -176,3 +178,16 @@ def test_the_tuned_schedule_is_evaluated_once(tiny_folder: Path, tmp_path: Path)
         x for x in (folder / "matched.md").read_text().splitlines() if x.startswith("| tuned schedule")
     )
     assert f"| {summary['accuracy_loss']:+.2f} [{low:+.2f}, {high:+.2f}] |" in row
+
+
+def test_a_match_request_names_a_peer_without_a_size_knob_before_anything_runs() -> None:
+    dims = ModelDims(
+        hidden=32, intermediate=64, heads=4, kv_heads=2, head_dim=8, vocab=100, windows=(None,) * 4
+    )
+    base = (_result("a", 0, 1.0),)
+    schedule = Schedule.from_layers("m", 4, {1: 50})
+    with pytest.raises(ValueError, match="method 'random' has no size knob to match; peers: "):
+        MatchRequest(base, schedule, dims, (10,), peers=("random",))
+    with pytest.raises(ValueError, match="no prompt lengths"):
+        MatchRequest(base, schedule, dims, ())
+    assert MatchRequest(base, schedule, dims, (10, 30, 50)).median_length == 30

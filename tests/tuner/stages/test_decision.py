@@ -1,122 +1,69 @@
-"""tuner.stages.decision: the closing paragraph names what bound the answer, with its numbers."""
+"""tuner.stages.decision: what bound the answer, as data (the words are tests/tuner/report/test_decision.py)."""
 
 from __future__ import annotations
 
-from tests.support import hand_record
-from tuner.stages.confirm import CandidateResult, Confirmation
-from tuner.stages.decision import TrialTiming, certainty, explain
-from tuner.statistics.bootstrap import Estimate
-from tuner.statistics.calibration import Calibration
-from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
-from tuner.study.identity import StudyIdentity
-from tuner.study.outcome import StudyOutcome
+import dataclasses
 
-IDENTITY = StudyIdentity.from_dict(
-    {"model": "tiny", "task": "qa", "search_space": "stages", "speedup": "flops", "n_examples": None}
-)
+import pytest
+
+from tests.support import decision_outcome
+from tuner.stages.decision import FrontStep, TrialTiming, certainty, decide
+from tuner.statistics.calibration import Calibration
+
 TIMING = TrialTiming(finished=18, n_trials=60, median_s=30.0, timeout_s=420.0)
 
 
-def _outcome(
-    next_upper: float, slope: float, slope_upper: float, max_scored: float, at_90: float | None = None
-) -> StudyOutcome:
-    """Trial 1 (1.4x, KL 0.1) recommended; trial 2 (1.8x, KL 0.3, bound ``next_upper``) the next step up;
-    ``at_90``: the slope's bound at --confidence 0.9 (None: a calibration stored before it was recorded)."""
-    records = (
-        hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
-        hand_record(1, 1.4, 0.1, (0.0, 30.0, 0.0, 0.0)),
-        hand_record(2, 1.8, 0.3, (0.0, 60.0, 0.0, 0.0), upper=next_upper),
+@pytest.mark.parametrize(
+    ("args", "decided"),
+    [
+        ((0.4, 8.0, 10.0, 0.5), "over the budget"),  # estimate 8 * 0.3 = 2.4 > 2
+        ((0.4, 4.0, 10.0, 0.5), "too few examples"),  # 1.2 within 2, bound 3 not
+        ((0.4, 4.0, 10.0, 0.2), "past the scored KL"),  # 0.3 > the largest scored 0.2
+        ((0.71, 4.0, 10.0, 0.2), "over the cap"),  # bound 0.71 nats over --max-kl 0.6
+    ],
+)
+def test_each_bound_is_decided_with_its_numbers(args: tuple[float, ...], decided: str) -> None:
+    d = decide(decision_outcome(*args), TIMING)
+    assert d.decided == decided
+    assert d.recommended is not None and d.recommended.loss_upper == pytest.approx(0.11)  # hand_record: +0.01
+    assert dataclasses.replace(d.recommended, loss_upper=None) == FrontStep(1, 1.4, 0.1, None)
+    assert d.next_faster == FrontStep(2, 1.8, 0.3, args[0])
+    assert d.budget == 2.0 and d.n_validation == 13 and d.timing == TIMING
+    assert d.prediction is not None and d.prediction.estimate == pytest.approx(args[1] * 0.3)
+    assert d.prediction.upper == pytest.approx(3.0) and d.prediction.level == 0.6
+    if decided in ("over the budget", "too few examples"):  # (1.8 / 0.8)^2 * 13 = 66 examples
+        assert d.examples_needed == (None if decided == "over the budget" else 66)
+
+
+def test_without_a_faster_schedule_or_a_calibration() -> None:
+    outcome = decision_outcome(0.4, 8.0, 10.0, 0.5)
+    fastest = decide(dataclasses.replace(outcome, records=outcome.records[:2]), TIMING)
+    assert fastest.decided == "fastest completed" and fastest.next_faster is None
+    assert fastest.recommended is not None and fastest.recommended.trial == 1
+    assert outcome.confirmation is not None
+    unscored = dataclasses.replace(outcome.confirmation, calibration=None)
+    d = decide(dataclasses.replace(outcome, confirmation=unscored), TIMING)
+    assert d.decided == "not task-scored" and d.prediction is None and d.certainty is None
+
+
+def test_certainty_at_the_confidence_is_data() -> None:
+    # chosen at 0.6; at 0.9 the bound 25 * 0.1 = 2.5 > 2 points: 13 * (2.1 / 1.6)^2 = 22.4 -> 23 examples
+    d = decide(decision_outcome(0.4, 4.0, 10.0, 0.5, at_90=25.0), TIMING)
+    assert d.certainty is not None and not d.certainty.certified and not d.certainty.no_cost
+    assert (d.certainty.upper, d.certainty.examples_needed, d.certainty.confidence) == (
+        pytest.approx(2.5),
+        23,
+        0.9,
     )
-    cal = Calibration(
-        slope,
-        slope_upper,
-        0.6,
-        13,
-        (1,),
-        max_scored,
-        ((1, 0.1, slope * 0.1),),
-        None if at_90 is None else 0.9,
-        at_90,
-    )
-    est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
-    rec = CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.4, 0.1, "confirmed", est, "why")
-    conf = Confirmation(2.0, 0.9, (rec,), 13, 3, "pooled", cal)
-    return StudyOutcome("s", IDENTITY, Budget(FidelityLoss(0.6), ScoreLoss(2.0)), records, conf)
-
-
-def test_the_budget_decides_when_the_next_schedule_is_predicted_over_it() -> None:
-    text = explain(_outcome(0.4, slope=8.0, slope_upper=10.0, max_scored=0.5), TIMING)
-    assert text.startswith("What decided: the budget. The recommendation is trial 1 (1.40x)")
-    assert "trial 2 (1.80x, 0.3000 nats)" in text and "predicted to lose 2.40 score points" in text
-
-
-def test_the_data_decides_with_a_power_statement() -> None:
-    # estimate 4 * 0.3 = 1.2 within 2 points, bound 10 * 0.3 = 3 not: (1.8 / 0.8)^2 * 13 = 66 examples
-    text = explain(_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5), TIMING)
-    assert text.startswith("What decided: the data.")
-    assert "about 66 validation examples (now 13) would certify it" in text
-    beyond = explain(_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.2), TIMING)
-    assert "drifts past the largest KL scored on the task (0.2000 nats)" in beyond
-
-
-def test_the_cap_decides_when_the_next_schedule_was_never_a_candidate() -> None:
-    text = explain(_outcome(0.71, slope=4.0, slope_upper=10.0, max_scored=0.2), TIMING)
-    assert text.startswith("What decided: the search's cap.")
-    assert "loss bound of 0.7100 nats, over the search's cap of 0.6000 nats (--max-kl)" in text
-
-
-def test_a_calibration_without_cost_never_predicts_a_gain() -> None:
-    # seed 1 of the default study: the scored schedules lost nothing on validation (slope -41)
-    text = explain(_outcome(0.71, slope=-41.1, slope_upper=-21.6, max_scored=0.05), TIMING)
-    assert text.startswith("What decided: the search's cap.")
-    assert "predicted to lose" not in text
-    assert "measured no task-score cost of KL on these examples (slope -41.1 points per nat)" in text
-    assert "certifies nothing past the largest scored KL (0.0500 nats)" in text
-    beyond = explain(_outcome(0.4, slope=-41.1, slope_upper=-21.6, max_scored=0.05), TIMING)
-    assert beyond.startswith("What decided: the data.") and "predicted to lose" not in beyond
-
-
-def test_the_time_line_says_what_fits_and_what_would() -> None:
-    assert TIMING.sentence() == (
-        "At 30 s per trial (median of 18), --timeout 420 fits about 14 trials; --n-trials 60 needs about "
-        "--timeout 1800."
-    )
-    text = explain(_outcome(0.4, slope=8.0, slope_upper=10.0, max_scored=0.5), TIMING)
-    assert text.endswith("18 of 60 trials finished. " + TIMING.sentence())
-    assert TrialTiming(0, 60, None, 420.0).sentence() == "No trial finished yet."
-
-
-def test_the_recommendation_says_whether_it_is_certified_at_the_confidence_too() -> None:
-    # chosen at 0.6; at 0.9 the bound 25 * 0.1 = 2.5 > 2: estimate 0.4, 13 * (2.1 / 1.6)^2 = 22.4 -> 23
-    text = explain(_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5, at_90=25.0), TIMING)
-    sentence = (
-        "The recommendation is within the 2-point budget at the decision level (60%, --decision-level) but "
-        "not certified at --confidence 90%: its predicted task loss could reach 2.50 score points; about 23 "
-        "validation examples (now 13) would certify it. "
-    )
-    assert sentence + "18 of 60 trials finished." in text and text.startswith("What decided: the data.")
-    certified = explain(_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5, at_90=15.0), TIMING)
-    assert (
-        "At --confidence 90% the recommendation is certified too: its predicted task loss is at most 1.50"
-        in certified
-    )
-    # a calibration stored before the second level was recorded: no sentence, the rest unchanged
-    old = explain(_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5), TIMING)
-    assert "--confidence" not in old and old == certified.replace(
-        "At --confidence 90% the recommendation is certified too: its predicted task loss is at most 1.50 score "
-        "points (n=13). ",
-        "",
-    )
-    # seed 1: no measured cost at 0.6, but at 0.9 trial 41 (KL 0.299) could lose 2.31 points
-    cal = Calibration(-4.94, -2.43, 0.6, 13, (41,), 0.299, ((41, 0.299, -1.29),), 0.9, 7.71)
-    assert "could reach 2.31 score points; about 18 validation examples (now 13)" in certainty(
-        0.299, cal, 2.0
-    )
-    assert certainty(0.0, cal, 2.0) == ""  # keep-all needs no certificate
-    # the run of dd5411e: other schedules scored, and even the 90% bound sees no cost (-1.5): said as such,
-    # not as "at most 0.00 points"
+    sure = decide(decision_outcome(0.4, 4.0, 10.0, 0.5, at_90=15.0), TIMING).certainty
+    assert sure is not None and sure.certified and sure.examples_needed is None
+    assert decide(decision_outcome(0.4, 4.0, 10.0, 0.5), TIMING).certainty is None  # not recorded
     none = Calibration(-6.03, -4.75, 0.6, 13, (41,), 0.299, ((41, 0.299, -1.8),), 0.9, -1.50)
-    assert certainty(0.299, none, 2.0) == (
-        "At --confidence 90% the calibration still measures no task-score cost of KL (slope bound -1.5 points per "
-        "nat): the 13 validation examples show none, and a cost that they do not show is not bounded by them. "
-    )
+    c = certainty(0.299, none, 2.0)
+    assert c is not None and c.no_cost and not c.certified and c.examples_needed is None
+
+
+def test_timing_says_what_fits() -> None:
+    assert TIMING.trials_fitting() == 14 and TIMING.timeout_needed() == 1800.0
+    assert TrialTiming(0, 60, None, 420.0).timeout_needed() is None
+    assert TrialTiming(3, 60, 30.0, None).trials_fitting() is None

@@ -65,4 +65,4 @@ def test_scores_are_macro_averages_so_score_difference_equals_the_loss() -> None
     assert macro_score(base) == pytest.approx(62.5) and macro_score(pruned) == pytest.approx(50.0)
     loss = loss_estimate(pruned, base)
     assert loss.value == pytest.approx(macro_score(base) - macro_score(pruned))
-    assert summarize(pruned, base)["score"] == pytest.approx(50.0)
+    assert summarize(pruned, base).score == pytest.approx(50.0)

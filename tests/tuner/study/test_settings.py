@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,16 @@ def test_accuracy_modes_are_defined_once() -> None:
     )
     assert defining == ["settings.py"]
     assert tuner.study.records.ACCURACY_MODES is tuner.study.settings.ACCURACY_MODES
+
+
+@pytest.mark.parametrize("module", ["tuner.search", "tuner.evaluate"])
+def test_help_never_shows_a_default_twice(module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A help text that names its own default (``$LONGBENCH_DIR``, ``<model>-<task>-<search space>``)
+    gets no second ``(default: None)`` from the field."""
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines; compare words
+    assert "(default: $LONGBENCH_DIR)" in text and "(default: 1024)" in text
+    assert re.findall(r"\(default[^()]*\)\s*\(default[^()]*\)", text) == []

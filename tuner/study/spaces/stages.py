@@ -120,8 +120,8 @@ class StagesSpace(SearchSpace):
 
     def family_starts(self, num_layers: int) -> list[dict[str, Any]]:
         """One stage at mid depth pruning half, then (with room for three stages) a gradual schedule
-        pruning 40% after each quarter of depth: on SmolLM2 the fastest hand-made schedule within a
-        2-point budget on test (``benchmarks/objective_noise.py``: 1.72x FLOP, loss 1.18 points)."""
+        pruning 40% after each quarter of depth, the fastest hand-made schedule within budget in
+        ``benchmarks/objective_noise.py`` (its measurement is in docs/)."""
         points = super().family_starts(num_layers)
         if self.max_stages >= 3:
             low, high = self.layer_range(num_layers)

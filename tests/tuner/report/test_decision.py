@@ -1,0 +1,93 @@
+"""tuner.report.decision: the closing paragraph names what bound the answer, with its numbers (the
+sentences are exact: a study's parent run and console carry them)."""
+
+from __future__ import annotations
+
+from tests.support import decision_outcome
+from tuner.report.decision import certainty_sentence, explain, timing_sentence
+from tuner.stages.decision import TrialTiming, certainty
+from tuner.statistics.calibration import Calibration
+
+TIMING = TrialTiming(finished=18, n_trials=60, median_s=30.0, timeout_s=420.0)
+
+
+def test_the_budget_decides_when_the_next_schedule_is_predicted_over_it() -> None:
+    text = explain(decision_outcome(0.4, slope=8.0, slope_upper=10.0, max_scored=0.5), TIMING)
+    assert text.startswith("What decided: the budget. The recommendation is trial 1 (1.40x)")
+    assert "trial 2 (1.80x, 0.3000 nats)" in text and "predicted to lose 2.40 score points" in text
+
+
+def test_the_data_decides_with_a_power_statement() -> None:
+    # estimate 4 * 0.3 = 1.2 within 2 points, bound 10 * 0.3 = 3 not: (1.8 / 0.8)^2 * 13 = 66 examples
+    text = explain(decision_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5), TIMING)
+    assert text.startswith("What decided: the data.")
+    assert "about 66 validation examples (now 13) would certify it" in text
+    beyond = explain(decision_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.2), TIMING)
+    assert "drifts past the largest KL scored on the task (0.2000 nats)" in beyond
+
+
+def test_the_cap_decides_when_the_next_schedule_was_never_a_candidate() -> None:
+    text = explain(decision_outcome(0.71, slope=4.0, slope_upper=10.0, max_scored=0.2), TIMING)
+    assert text.startswith("What decided: the search's cap.")
+    assert "loss bound of 0.7100 nats, over the search's cap of 0.6000 nats (--max-kl)" in text
+
+
+def test_a_calibration_without_cost_never_predicts_a_gain() -> None:
+    # seed 1 of the default study: the scored schedules lost nothing on validation (slope -41)
+    text = explain(decision_outcome(0.71, slope=-41.1, slope_upper=-21.6, max_scored=0.05), TIMING)
+    assert text.startswith("What decided: the search's cap.")
+    assert "predicted to lose" not in text
+    assert "measured no task-score cost of KL on these examples (slope -41.1 points per nat)" in text
+    assert "certifies nothing past the largest scored KL (0.0500 nats)" in text
+    beyond = explain(decision_outcome(0.4, slope=-41.1, slope_upper=-21.6, max_scored=0.05), TIMING)
+    assert beyond.startswith("What decided: the data.") and "predicted to lose" not in beyond
+
+
+def test_the_time_line_says_what_fits_and_what_would() -> None:
+    assert timing_sentence(TIMING) == (
+        "At 30 s per trial (median of 18), --timeout 420 fits about 14 trials; --n-trials 60 needs about "
+        "--timeout 1800."
+    )
+    text = explain(decision_outcome(0.4, slope=8.0, slope_upper=10.0, max_scored=0.5), TIMING)
+    assert text.endswith("18 of 60 trials finished. " + timing_sentence(TIMING))
+    assert timing_sentence(TrialTiming(0, 60, None, 420.0)) == "No trial finished yet."
+
+
+def test_the_recommendation_says_whether_it_is_certified_at_the_confidence_too() -> None:
+    # chosen at 0.6; at 0.9 the bound 25 * 0.1 = 2.5 > 2: estimate 0.4, 13 * (2.1 / 1.6)^2 = 22.4 -> 23
+    text = explain(decision_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5, at_90=25.0), TIMING)
+    sentence = (
+        "The recommendation is within the 2-point budget at the decision level (60%, --decision-level) but "
+        "not certified at --confidence 90%: its predicted task loss could reach 2.50 score points; about 23 "
+        "validation examples (now 13) would certify it. "
+    )
+    assert sentence + "18 of 60 trials finished." in text and text.startswith("What decided: the data.")
+    certified = explain(
+        decision_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5, at_90=15.0), TIMING
+    )
+    assert (
+        "At --confidence 90% the recommendation is certified too: its predicted task loss is at most 1.50"
+        in certified
+    )
+    # a calibration stored before the second level was recorded: no sentence, the rest unchanged
+    old = explain(decision_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5), TIMING)
+    assert "--confidence" not in old and old == certified.replace(
+        "At --confidence 90% the recommendation is certified too: its predicted task loss is at most 1.50 score "
+        "points (n=13). ",
+        "",
+    )
+    # seed 1: no measured cost at 0.6, but at 0.9 trial 41 (KL 0.299) could lose 2.31 points
+    cal = Calibration(-4.94, -2.43, 0.6, 13, (41,), 0.299, ((41, 0.299, -1.29),), 0.9, 7.71)
+    assert "could reach 2.31 score points; about 18 validation examples (now 13)" in certainty_sentence(
+        certainty(0.299, cal, 2.0)
+    )
+    assert (
+        certainty(0.0, cal, 2.0) is None and certainty_sentence(None) == ""
+    )  # keep-all needs no certificate
+    # the run of dd5411e: other schedules scored, and even the 90% bound sees no cost (-1.5): said as such,
+    # not as "at most 0.00 points"
+    none = Calibration(-6.03, -4.75, 0.6, 13, (41,), 0.299, ((41, 0.299, -1.8),), 0.9, -1.50)
+    assert certainty_sentence(certainty(0.299, none, 2.0)) == (
+        "At --confidence 90% the calibration still measures no task-score cost of KL (slope bound -1.5 points per "
+        "nat): the 13 validation examples show none, and a cost that they do not show is not bounded by them. "
+    )

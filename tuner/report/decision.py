@@ -1,0 +1,124 @@
+"""What bound a study's answer, in one paragraph, from its :class:`~tuner.stages.decision.Decision`
+(the cases are those of :mod:`tuner.stages.decision`); every loss carries its unit."""
+
+from __future__ import annotations
+
+from tuner.stages.decision import Certainty, Decision, TrialTiming, decide
+from tuner.study.outcome import StudyOutcome
+
+BOUND = {
+    "fastest completed": "the search",
+    "nothing completed": "the data",
+    "not task-scored": "the data",
+    "over the cap": "the search's cap",
+    "past the scored KL": "the data",
+    "over the budget": "the budget",
+    "too few examples": "the data",
+}
+"""Each case of :data:`tuner.stages.decision.Decided` -> what decided, in words."""
+
+
+def timing_sentence(timing: TrialTiming) -> str:
+    """``"At 41 s per trial (median of 9), --timeout 660 fits about 16 trials; --n-trials 40 needs
+    about --timeout 1640."``"""
+    if timing.median_s is None:
+        return "No trial finished yet."
+    text = f"At {timing.median_s:.0f} s per trial (median of {timing.finished})"
+    if timing.timeout_s is not None:
+        text += f", --timeout {timing.timeout_s:g} fits about {timing.trials_fitting()} trials"
+    return f"{text}; --n-trials {timing.n_trials} needs about --timeout {timing.timeout_needed():.0f}."
+
+
+def certainty_sentence(c: Certainty | None) -> str:
+    """One sentence on a recommendation's certainty at ``--confidence`` (empty when not recorded)."""
+    if c is None:
+        return ""
+    at = f"--confidence {c.confidence:.0%}"
+    if c.no_cost:  # "at most 0 points" would claim more than n examples with no visible cost can
+        return (
+            f"At {at} the calibration still measures no task-score cost of KL (slope bound {c.slope_upper:.1f} points "
+            f"per nat): the {c.n_examples} validation examples show none, and a cost that they do not "
+            f"show is not bounded by them. "
+        )
+    if c.certified:
+        return (
+            f"At {at} the recommendation is certified too: its predicted task loss is at most {c.upper:.2f} "
+            f"score points (n={c.n_examples}). "
+        )
+    more = (
+        f"about {c.examples_needed} validation examples (now {c.n_examples}) would certify it"
+        if c.examples_needed is not None
+        else "no number of examples would, as its predicted loss is over the budget"
+    )
+    return (
+        f"The recommendation is within the {c.budget:g}-point budget at the decision level ({c.level:.0%}, "
+        f"--decision-level) but not certified at {at}: its predicted task loss could reach {c.upper:.2f} score "
+        f"points; {more}. "
+    )
+
+
+def paragraph(d: Decision) -> str:
+    """The paragraph: what decided, with its numbers, then the recommendation's certainty and the time."""
+    t = d.timing
+    done = (
+        f"{certainty_sentence(d.certainty)}{t.finished} of {t.n_trials} trials finished. {timing_sentence(t)}"
+    )
+    what = f"What decided: {BOUND[d.decided]}."
+    best, nxt = d.recommended, d.next_faster
+    if d.decided == "fastest completed":
+        assert best is not None
+        return (
+            f"{what} The recommendation (trial {best.trial}, {best.speedup:.2f}x) is the "
+            f"fastest schedule the study completed within budget; more trials may find faster ones. {done}"
+        )
+    if d.decided == "nothing completed":
+        return f"{what} The study completed no schedule to recommend. {done}"
+    assert nxt is not None
+    where = f"trial {nxt.trial} ({nxt.speedup:.2f}x, {d.search_loss.text(nxt.loss)})"
+    head = (
+        "nothing is recommended"
+        if best is None
+        else f"the recommendation is trial {best.trial} ({best.speedup:.2f}x)"
+    ).capitalize()
+    if d.decided == "not task-scored":
+        n = "?" if d.n_validation is None else str(d.n_validation)
+        return (
+            f"{what} {head}; the next faster schedule, {where}, could not be "
+            f"certified on the task score directly (n={n}). {done}"
+        )
+    p, cal = d.prediction, d.calibration
+    assert p is not None and cal is not None
+    prediction = (
+        cal.no_cost_text()  # a negative "loss" would be read as a gain
+        if p.no_cost
+        else f"predicted to lose {p.estimate:.2f} score points (upper bound {p.upper:.2f}, {p.level:.0%})"
+    )
+    cap = d.search_loss
+    if d.decided == "over the cap":
+        assert nxt.loss_upper is not None
+        return (
+            f"{what} {head}; the next faster schedule, {where}, has a "
+            f"loss bound of {cap.text(nxt.loss_upper)}, over the search's cap of {cap.text(cap.budget)} "
+            f"(--max-kl), so it was not a candidate ({prediction}). {done}"
+        )
+    if d.decided == "past the scored KL":
+        return (
+            f"{what} {head}; the next faster schedule, {where}, drifts past the "
+            f"largest KL scored on the task ({cal.max_scored_kl:.4f} nats), where the calibration is not "
+            f"extrapolated ({prediction}). {done}"
+        )
+    if d.decided == "over the budget":
+        return (
+            f"{what} {head}; the next faster schedule, {where}, is {prediction}, "
+            f"over the {d.budget:g}-point budget even as an estimate. {done}"
+        )
+    return (
+        f"{what} {head}; the next faster schedule, {where}, is {prediction}: within "
+        f"the {d.budget:g}-point budget as an estimate but not certified; about {d.examples_needed} validation "
+        f"examples (now {cal.n_examples}) would certify it. {done}"
+    )
+
+
+def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
+    """The paragraph of ``outcome`` (:func:`tuner.stages.decision.decide`, then :func:`paragraph`)."""
+    return paragraph(decide(outcome, timing))
