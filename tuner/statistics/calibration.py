@@ -2,7 +2,7 @@
 
 The search measures fidelity (teacher-forced KL per answer token, nats) because it is cheap and
 low-noise; the user's budget is in task-score points. One schedule's task-score loss on a dozen
-examples cannot certify a 2-point budget (its one-sided bound sits 4-5 points above the estimate),
+examples cannot certify a 2-point budget (its one-sided bound sits several points above the estimate),
 but the *relation* between the two signals can be estimated from every schedule that was scored on
 the task at once, on the same examples, and then applied to any schedule's KL.
 
@@ -111,8 +111,7 @@ class Calibration:
         """Whether ``kl`` is within the scored evidence (no farther than the largest scored KL).
 
         The comparison forgives float rounding: a scored trial's own mean KL, summed in another
-        order than the calibration's, may come out a few ulps above it (2 ulps kept the fastest
-        scored schedule, 1.93x, from ever being recommended)."""
+        order than the calibration's, may come out a few ulps above it, and must not be refused for that."""
         return kl <= self.max_scored_kl * (1.0 + 1e-9) + 1e-15
 
     def predicted(self, kl: float) -> tuple[float, float]:
