@@ -40,6 +40,7 @@ from lazyllm.schedule import Revival, Schedule
 from lazyllm.scoring import Scoring
 from tuner.stages.rule import pooled_rule
 from tuner.statistics.bootstrap import estimate, macro_weights
+from tuner.statistics.calibration import ScoredSchedule
 from tuner.statistics.losses import KL_PER_POINT, FidelityLoss, ScoreLoss
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
@@ -167,12 +168,14 @@ def replay(
                 records, weights = records_of(grid, keys)
                 index = {f"{key}#{j}": key for j, key in enumerate(keys)}
 
-                def task_loss(r: TrialRecord, index: Mapping[str, str] = index) -> dict[str, float]:
+                def evidence(r: TrialRecord, index: Mapping[str, str] = index) -> ScoredSchedule:
                     g = grid[r.number]  # the recorded task loss of each drawn example
-                    return {d: g.validation[k][1] for d, k in index.items()}
+                    return ScoredSchedule(
+                        r.number, r.per_example, {d: g.validation[k][1] for d, k in index.items()}
+                    )
 
                 decision = pooled_rule(
-                    records, cap, task, setting.k, weights, task_loss,
+                    records, cap, task, setting.k, weights, evidence,
                     level=setting.level, confidence=CONFIDENCE, n_boot=N_BOOT, seed=i,
                 )  # fmt: skip
                 pick = decision.picked

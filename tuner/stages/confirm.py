@@ -33,7 +33,7 @@ from tuner.stages.front import feasible_front
 from tuner.stages.rule import pooled_rule
 from tuner.stages.trial import TrialRunner
 from tuner.statistics.bootstrap import Estimate
-from tuner.statistics.calibration import Calibration
+from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import ScoreLoss
 from tuner.study.records import TrialRecord
 
@@ -222,24 +222,29 @@ def confirm_pooled(
     records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int
 ) -> Confirmation:
     """Run the pooled decision rule (:func:`tuner.stages.rule.pooled_rule`) on the study's records,
-    task-scoring its ``k`` schedules on every validation example, and report every front schedule it
-    judged (the pick confirmed, the other scored ones as evidence)."""
+    task-scoring its ``k`` schedules on the calibration's examples (the search's validation examples,
+    or ``--confirm-n-examples`` per dataset of them: then each scored schedule's KL is measured there
+    too), and report every front schedule it judged (the pick confirmed, the others scored as evidence)."""
     level = runner.settings.confidence
+    on = runner.on(runner.settings.evidence_settings("confirm"))
     direct: dict[int, Estimate] = {}
-    base = {(b.dataset, b.record_id): b.score for b in runner.baseline.results}
+    base = {(b.dataset, b.record_id): b.score for b in on.baseline.results}
 
-    def task_loss(r: TrialRecord) -> dict[str, float]:
-        results, _ = runner.evaluator.evaluate(
-            "lazyllm", runner.engine(r.schedule), desc=f"task score of trial {r.number}"
-        )
-        direct[r.number] = loss_estimate(results, runner.baseline.results, level=level)
-        return {
+    def evidence(r: TrialRecord) -> ScoredSchedule:
+        engine = on.engine(r.schedule)
+        results, _ = on.evaluator.evaluate("lazyllm", engine, desc=f"task score of trial {r.number}")
+        direct[r.number] = loss_estimate(results, on.baseline.results, level=level)
+        task = {
             f"{x.dataset}/{x.record_id}": 100.0 * (base[(x.dataset, x.record_id)] - x.score) for x in results
         }
+        if on is runner:
+            return ScoredSchedule(r.number, r.per_example, task)
+        drifts, _ = on.fidelity.evaluate(engine, desc=f"KL of trial {r.number}")
+        return ScoredSchedule(r.number, {f"{d.dataset}/{d.record_id}": d.kl for d in drifts}, task)
 
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
     decision = pooled_rule(
-        records, runner.search_loss, runner.budget.task, k, runner.weights, task_loss,
+        records, runner.search_loss, runner.budget.task, k, on.weights, evidence,
         level=runner.settings.decision_level, confidence=level,
     )  # fmt: skip
     picked = decision.picked
@@ -259,7 +264,7 @@ def confirm_pooled(
         runner.budget.task.budget,
         level,
         tuple(out),
-        len(runner.evaluator.examples),
+        len(on.evaluator.examples),
         complete_trials,
         "pooled",
         decision.calibration,

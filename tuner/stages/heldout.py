@@ -224,7 +224,7 @@ def evaluate_on_test(
     still gets its TTFT timed here, side by side."""
     settings = runner.settings
     test = Evaluator(
-        runner.model, runner.tokenizer, settings.with_split("test"), settings.study_dir / "cache",
+        runner.model, runner.tokenizer, settings.evidence_settings("heldout"), settings.study_dir / "cache",
         progress=runner.evaluator.progress,
     )  # fmt: skip
     test_runner = runner.with_evaluator(test)

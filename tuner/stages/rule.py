@@ -10,7 +10,8 @@ and reads nothing but its arguments.
 1. **Front**: the feasible Pareto front of ``records`` under the search's loss (its cap on the one-sided
    bound of mean KL), fastest first (:func:`tuner.stages.front.feasible_front`).
 2. **Scored**: up to ``k`` front schedules that drift (KL > 0), spread evenly over the front with the
-   fastest included (:func:`spread`), are task-scored by ``task_loss``.
+   fastest included (:func:`spread`), are task-scored by ``evidence`` (on the search's examples or
+   on more of them: ``--confirm-n-examples``).
 3. **Calibration**: the pooled slope of task loss on KL through the origin, with its one-sided bound at
    ``level`` (the decision level) and at ``confidence`` (reported) (:func:`tuner.statistics.calibration.fit`).
 4. **Pick**: the fastest front schedule with no drift, or whose predicted task-loss bound at ``level``
@@ -31,8 +32,9 @@ from tuner.study.records import TrialRecord
 
 T = TypeVar("T")
 
-TaskLoss = Callable[[TrialRecord], Mapping[str, float]]
-"""A record -> its task-score loss (points) per example key, on the examples of its ``per_example``."""
+Evidence = Callable[[TrialRecord], ScoredSchedule]
+"""A record -> its scored evidence: per-example KL (nats) and task-score loss (points) on the
+calibration's examples (the search's own, whose KLs the record holds, or a larger set)."""
 
 
 def spread(front: Sequence[T], k: int) -> list[T]:
@@ -106,7 +108,7 @@ def pooled_rule(
     budget: ScoreLoss,
     k: int,
     weights: Mapping[str, float],
-    task_loss: TaskLoss,
+    evidence: Evidence,
     *,
     level: float,
     confidence: float | None = None,
@@ -120,14 +122,14 @@ def pooled_rule(
         search_loss: the search's loss with its cap (feasibility).
         budget: the user's budget in task-score points.
         k: how many front schedules to task-score (``--confirm-k``).
-        weights: example key -> macro weight.
-        task_loss: scores one record on the task (called once per scored schedule).
+        weights: example key -> macro weight, on the evidence's examples.
+        evidence: scores one record (called once per scored schedule).
         level: the slope bound's level that decides (``--decision-level``).
         confidence: the level the calibration also reports (``--confidence``).
     """
     front = feasible_front(records, search_loss)
     drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
-    scored = tuple(ScoredSchedule(r.number, r.per_example, task_loss(r)) for r in spread(drifting, k))
+    scored = tuple(evidence(r) for r in spread(drifting, k))
     calibration = fit(scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed)
     verdicts = tuple(Verdict(r, *judge(r.values[1], calibration, budget)) for r in front)
     return PooledDecision(tuple(front), scored, calibration, verdicts)

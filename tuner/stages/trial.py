@@ -43,7 +43,7 @@ from tuner.evaluation.speed import (
 from tuner.statistics.bootstrap import macro_weights
 from tuner.statistics.losses import BaselineStats, Budget, Loss, LossResult, MeasureContext, Rival
 from tuner.study.records import TrialRecord, schedule_key
-from tuner.study.settings import SearchSettings
+from tuner.study.settings import EvalSettings, SearchSettings
 from tuner.study.spaces import SearchSpace
 from tuner.study.workers import DUPLICATE_ATTR, DuplicateSchedule, SurplusTrial, is_surplus
 
@@ -109,10 +109,27 @@ class TrialRunner:
         return LazyLLM(self.model, schedule, tokenizer=self.tokenizer, strict_model_name=False)
 
     def with_evaluator(self, evaluator: Evaluator) -> TrialRunner:
-        """The same study on other examples (the held-out check's test split)."""
+        """The same study on other examples (the held-out check's test split), its baseline kept."""
         return TrialRunner(
             self.settings, self.model, self.tokenizer, evaluator, self.space, self.baseline, self.budget
         )
+
+    def on(self, config: EvalSettings) -> TrialRunner:
+        """The same study on the examples ``config`` names, with their own baseline (computed once,
+        then read from the study's cache); itself when ``config`` names the search's examples."""
+        if config == self.evaluator.config.eval_only():
+            return self
+        evaluator = Evaluator(
+            self.model,
+            self.tokenizer,
+            config,
+            self.settings.study_dir / "cache",
+            progress=self.evaluator.progress,
+        )
+        return TrialRunner(
+            self.settings, self.model, self.tokenizer, evaluator, self.space,
+            BaselineStats.of(evaluator.baseline_results()), self.budget,
+        )  # fmt: skip
 
     # --- the objective, as named steps ------------------------------------------------------------
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:

@@ -208,6 +208,17 @@ class SearchSettings(EvalSettings):
             "on its own bound, so the fastest is confirmed)"
         ),
     )
+    confirm_n_examples: int | None = field(
+        default=None,
+        metadata=_help(
+            "validation examples per dataset that confirmation task-scores and the calibration fits on "
+            "(more than the search's, for a calibration with power; null = the search's own)"
+        ),
+    )
+    heldout_n_examples: int | None = field(
+        default=None,
+        metadata=_help("test examples per dataset of the held-out check (null = as many as the search's)"),
+    )
     timing_rounds: int = _timing_rounds()
     timing_clock: str = _timing_clock()
     fidelity_top_k: int = field(default=64, metadata=_help("unpruned tokens per step kept for the KL"))
@@ -268,6 +279,10 @@ class SearchSettings(EvalSettings):
             raise ValueError(f"decision_level = {self.decision_level}: must be in [0.5, 1), e.g. 0.6")
         if self.confirm_k < 0:
             raise ValueError(f"confirm_k = {self.confirm_k}: must be >= 0 (0 = no confirmation)")
+        for name in ("confirm_n_examples", "heldout_n_examples"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} = {value}: must be >= 1 (or null for the search's own)")
         if self.new_tokens is not None and self.new_tokens < 1:
             raise ValueError(f"new_tokens = {self.new_tokens}: must be >= 1 (or null for the answer length)")
         _ = self.revival_policy  # parsed once here: dynamic, frozen or budget:N; anything else is one line
@@ -310,6 +325,18 @@ class SearchSettings(EvalSettings):
     def revival_policy(self) -> Revival:
         """The decoding policy of every trial's schedule, typed (``revival`` is its spelling)."""
         return Revival.parse(self.revival)
+
+    def evidence_settings(self, stage: str) -> EvalSettings:
+        """What the ``confirm`` stage (validation, ``confirm_n_examples``) or the ``heldout`` stage
+        (test, ``heldout_n_examples``) evaluates on; each falls back to the search's ``n_examples``."""
+        if stage == "confirm":
+            n, split = self.confirm_n_examples, "validation"
+        elif stage == "heldout":
+            n, split = self.heldout_n_examples, "test"
+        else:
+            raise ValueError(f"stage = {stage!r}: must be confirm or heldout")
+        chosen = self.with_split(split)
+        return chosen if n is None else dataclasses.replace(chosen, n_examples=n)
 
     @property
     def storage_url(self) -> str:

@@ -231,3 +231,15 @@ def _budget(study: optuna.Study, points: float) -> Budget:
     identity = StudyIdentity.of_study(study)
     assert identity is not None
     return Budget.from_settings(identity).with_task(points)
+
+
+def test_the_calibration_can_rest_on_more_examples_than_the_search(tiny_folder: Path, tmp_path: Path) -> None:
+    """--confirm-n-examples: the search runs on 2 examples per dataset, the scored schedules (task
+    score and KL) on up to 4 per dataset, and the calibration and the confirmation count those."""
+    argv = _raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity")
+    assert main([*argv, "--confirm-n-examples", "4"]) == 0
+    data = json.loads((tmp_path / "c" / "confirmation.json").read_text())
+    assert data["rule"] == "pooled" and data["calibration"] is not None
+    assert data["n_examples"] > 4 and data["calibration"]["n_examples"] == data["n_examples"]
+    scored = [c for c in data["candidates"] if c["task_loss"] is not None]
+    assert scored and all(c["task_loss"]["n"] == data["n_examples"] for c in scored)

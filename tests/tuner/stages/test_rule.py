@@ -12,6 +12,7 @@ import pytest
 import tuner.stages.rule as rule
 from lazyllm.schedule import Revival, Schedule
 from tuner.statistics.bootstrap import estimate
+from tuner.statistics.calibration import ScoredSchedule
 from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.study.records import TrialRecord
 
@@ -44,13 +45,13 @@ RECORDS = [_record(0, 1.0, 0.0, 0.0), _record(1, 1.4, 0.02, 30.0), _record(2, 1.
 SLOPE = 40.0  # points per nat: trial 2 (KL 0.2) loses 8 points, trial 1 (KL 0.02) 0.8
 
 
-def _task_loss(r: TrialRecord) -> dict[str, float]:
-    return {k: SLOPE * v for k, v in r.per_example.items()}
+def _evidence(r: TrialRecord) -> ScoredSchedule:
+    return ScoredSchedule(r.number, r.per_example, {k: SLOPE * v for k, v in r.per_example.items()})
 
 
 def _decide(budget: float) -> rule.PooledDecision:
     return rule.pooled_rule(
-        RECORDS, FidelityLoss(1.0), ScoreLoss(budget), 6, WEIGHTS, _task_loss, level=0.6, confidence=0.9
+        RECORDS, FidelityLoss(1.0), ScoreLoss(budget), 6, WEIGHTS, _evidence, level=0.6, confidence=0.9
     )
 
 

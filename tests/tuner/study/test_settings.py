@@ -188,3 +188,19 @@ def test_help_never_shows_a_default_twice(module: str, capsys: pytest.CaptureFix
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines; compare words
     assert "(default: $LONGBENCH_DIR)" in text and "(default: 1024)" in text
     assert re.findall(r"\(default[^()]*\)\s*\(default[^()]*\)", text) == []
+
+
+def test_confirmation_and_heldout_examples_fall_back_to_the_search() -> None:
+    from tuner.study.settings import SearchSettings
+
+    s = SearchSettings(n_examples=5)
+    assert (
+        s.evidence_settings("confirm").n_examples == 5
+        and s.evidence_settings("confirm").split == "validation"
+    )
+    assert s.evidence_settings("heldout").n_examples == 5 and s.evidence_settings("heldout").split == "test"
+    more = SearchSettings(n_examples=5, confirm_n_examples=100, heldout_n_examples=150)
+    assert more.evidence_settings("confirm").n_examples == 100
+    assert more.evidence_settings("heldout").n_examples == 150
+    with pytest.raises(ValueError, match="confirm_n_examples = 0: must be >= 1"):
+        SearchSettings(confirm_n_examples=0)
