@@ -58,6 +58,7 @@ from tuner.evaluation.speed import (
     resolve_clock,
 )
 from tuner.statistics.bootstrap import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
+from tuner.study.preflight import check_context, model_context
 from tuner.study.settings import EvalSettings
 
 
@@ -382,6 +383,8 @@ class Evaluator:
         *,
         progress: bool = True,
     ) -> None:
+        # before any example is built: a prompt length over the model's context is refused, not cut
+        check_context(config.max_prompt_tokens, config.max_new_tokens, model_context(model.config))
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
