@@ -212,8 +212,10 @@ def run_trials(
             return "done"
         if settings.timeout is not None and time.monotonic() - start > settings.timeout:
             return "timeout"
-        if finished + c[TrialState.RUNNING] >= settings.n_trials and not c[TrialState.WAITING]:
-            time.sleep(poll_s)  # the last slots are held by running trials: wait for them (or their retries)
+        if finished + c[TrialState.RUNNING] >= settings.n_trials:
+            # the last slots are held by running trials: wait for them (or their retries); a queued
+            # trial (a warm start past n_trials) taken now would only be failed as surplus
+            time.sleep(poll_s)
             continue
         before = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
         current.clear()
