@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> None:
                 if score_only:  # what benchmarks/decision_rule.py reads of the test split
                     examples.append(
                         {"split": split, "dataset": ex.dataset, "key": ex.key,
-                         "score": 100.0 * (float(base[ex.key]["score"]) - score_prediction(ex, pred)),
+                         "score": 100.0 * (base[ex.key].score - score_prediction(ex, pred)),
                          "kl": None, "1-top1": None, "gold": None, "cpu_score": c1 - c0,
                          "cpu_fidelity": None, "cpu_gold": None, "prompt_tokens": len(ex.input_ids)}
                     )  # fmt: skip
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> None:
                         "split": split,
                         "dataset": ex.dataset,
                         "key": ex.key,
-                        "score": 100.0 * (float(base[ex.key]["score"]) - score_prediction(ex, pred)),
+                        "score": 100.0 * (base[ex.key].score - score_prediction(ex, pred)),
                         "kl": kl_drift.kl,
                         "1-top1": 1.0 - kl_drift.top1,
                         "gold": None if full is None else full.gold_delta,

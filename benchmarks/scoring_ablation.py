@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for ex in ev.examples:
                         drift = fid.example_drift(engine, ex, refs[ex.key])
                         pred = run_example(engine, ex).text or ""
-                        loss = 100.0 * (float(base[ex.key]["score"]) - score_prediction(ex, pred))
+                        loss = 100.0 * (base[ex.key].score - score_prediction(ex, pred))
                         rows.append(
                             {"split": split, "dataset": ex.dataset, "key": ex.key, "kl": drift.kl,
                              "top1": drift.top1, "loss": loss}

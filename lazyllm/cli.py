@@ -1,7 +1,7 @@
 """The one error wrapper every ``python -m`` entry point of this project uses.
 
 Bad input is a one-line ``error: ...`` on stderr and exit status 2; Ctrl-C is one line and status
-130; ``--debug`` (or ``LAZYLLM_DEBUG=1``) shows the full traceback instead. The entry point builds
+130; ``--debug`` (or ``LAZYLLM_DEBUG=1``) shows the full traceback instead, with the same status. The entry point builds
 its ``argparse`` parser and a ``run(args) -> int``; :func:`cli_main` adds ``--debug`` and does the rest.
 
 Every line the process can print goes through the entry point's ``redact`` (the tuner passes
@@ -110,11 +110,11 @@ def cli_main(
         return run(args)
     except KeyboardInterrupt:
         if debug:
-            raise
+            sys.stderr.write(redact(traceback.format_exc()))
         print(f"\n{interrupted}", file=sys.stderr)
         return 130
     except USER_ERRORS as exc:
-        if debug:
-            raise
+        if debug:  # the traceback, masked, then the same line and status as without --debug
+            sys.stderr.write(redact(traceback.format_exc()))
         print(f"error: {one_line(exc, redact)}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lazyllm.atomic import replace_with, write_atomic
+from lazyllm.atomic import replace_with, unique_temporary, write_atomic
 from lazyllm.schedule import Schedule
 
 _SAVER = """
@@ -57,3 +57,58 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Pat
         replace_with(target, half_then_fail)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+_KILLED_MID_WRITE = """
+import sys, time
+from pathlib import Path
+from lazyllm.atomic import replace_with
+
+def fill(tmp):
+    tmp.write_text('{"half": ')  # half written, then killed before the rename
+    print("writing", flush=True)
+    time.sleep(60)
+
+replace_with(Path(sys.argv[1]), fill)
+"""
+
+
+def killed_mid_write(target: Path) -> Path:
+    """Run a real writer of ``target``, SIGKILL it mid-write; return the temporary it left."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_WRITE, str(target)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
+    proc.kill()
+    proc.wait(timeout=30)
+    (left,) = [p for p in target.parent.iterdir() if p.name.startswith(f".{target.name}.")]
+    return left
+
+
+def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_run_removes(tmp_path: Path) -> None:
+    """Issue 32 item 6: a SIGKILL during the final writes left ``.heldout.json.<random>.tmp`` for good."""
+    from lazyllm.atomic import LEGACY_AGE_S, remove_dead_temporaries
+
+    target = tmp_path / "heldout.json"
+    left = killed_mid_write(target)
+    assert not target.exists()
+    live = unique_temporary(tmp_path / "other.json")  # this process is alive: its temporary is kept
+    old_style = tmp_path / "pareto" / ".trial-1.json.abcd_123.tmp"  # an older version's name
+    old_style.parent.mkdir()
+    old_style.write_text("{")
+    os.utime(old_style, (time.time() - LEGACY_AGE_S - 1,) * 2)
+    young = tmp_path / ".pareto.csv.wxyz_123.tmp"  # maybe still being written by an older version
+    young.write_text("x")
+    keep = tmp_path / ".lock"
+    keep.write_text("")
+    assert sorted(remove_dead_temporaries(tmp_path)) == sorted([left, old_style])
+    assert live.exists() and young.exists() and keep.exists()
+    # the next write of the same target removes its dead writers' temporaries too
+    again = killed_mid_write(target)
+    write_atomic(target, "{}")
+    assert not again.exists() and target.read_text() == "{}"

@@ -42,12 +42,20 @@ def test_user_errors_are_one_line_exit_2(
     assert capsys.readouterr().err.splitlines() == [line]
 
 
-def test_debug_shows_the_traceback_and_bugs_keep_theirs(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match="bad"):
-        cli_main(_parser(), _raise(ValueError("bad")), ["--debug"])
+def test_debug_shows_the_traceback_and_bugs_keep_theirs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 32: bad input is still exit 2 with --debug; the traceback is shown, masked
+    secret = ValueError("bad http://TOKEN@h")
+    mask = lambda s: s.replace("TOKEN", "***")  # noqa: E731
+    assert cli_main(_parser(), _raise(secret), ["--debug"], redact=mask) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "TOKEN" not in err
+    assert err.splitlines()[-1] == "error: bad http://***@h"
     monkeypatch.setenv("LAZYLLM_DEBUG", "1")
-    with pytest.raises(ValueError, match="bad"):
-        cli_main(_parser(), _raise(ValueError("bad")), [])
+    assert cli_main(_parser(), _raise(ValueError("bad")), []) == 2
+    assert "Traceback" in capsys.readouterr().err
+    assert cli_main(_parser(), _raise(KeyboardInterrupt()), []) == 130
     monkeypatch.delenv("LAZYLLM_DEBUG")
     with pytest.raises(KeyError):  # not the user's input: a bug, shown as such
         cli_main(_parser(), _raise(KeyError("x")), [])

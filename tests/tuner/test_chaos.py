@@ -16,7 +16,10 @@ never with an error; a run that finished before its signal is fine. Heartbeats e
 * the MLflow parent run is FINISHED;
 * every JSON file in the study folder parses;
 * ``recommended.json`` is absent or carries its confirmation (``metadata.confirmation``);
-* no temporary store of a run killed while creating it is left (``*.creating-<pid>``).
+* no temporary store of a run killed while creating it is left (``*.creating-<pid>``);
+* no temporary file of a write a SIGKILL cut short is left: before the final run a real writer of
+  ``heldout.json`` is SIGKILLed mid-write (the final writes' own atomic writer), and an older
+  version's pid-less temporary an hour old lies beside it; the final run removes both (issue 32).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from lazyllm.atomic import LEGACY_AGE_S
+from tests.lazyllm.test_atomic import killed_mid_write
 from tests.support import assert_evaluated_once, longbench_dir, n_warm_starts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +123,11 @@ def test_seeded_signals_at_random_moments_then_rerun(tiny_folder: Path, tmp_path
         assert rc in (0, 130, -signal.SIGINT, -signal.SIGKILL), (
             f"run {i} ({sig.name} at {moment!r}):\n{text[-3000:]}"
         )
+    # a SIGKILL during the final writes: the writer of heldout.json killed between write and rename
+    left = [killed_mid_write(study_dir / "heldout.json")]
+    left.append(study_dir / ".recommended.json.abcd_123.tmp")  # an older version's name (no pid)
+    left[-1].write_text("{")
+    os.utime(left[-1], (time.time() - LEGACY_AGE_S - 1,) * 2)
     final = tmp_path / "final.log"
     proc = _start(argv, tmp_path, final)
     try:
@@ -144,6 +154,9 @@ def test_seeded_signals_at_random_moments_then_rerun(tiny_folder: Path, tmp_path
     for path in files:
         json.loads(path.read_text())  # raises on a truncated or half-written file
     assert not list(study_dir.glob("*.creating-*"))  # no half-made store of a killed run is left behind
+    assert not [p for p in left if p.exists()]
+    temporaries = [p for p in study_dir.rglob(".*") if p.name.endswith(".tmp") or ".tmp-" in p.name]
+    assert temporaries == []  # no temporary of any write survives the final run
     recommended = study_dir / "recommended.json"
     if recommended.exists():
         assert "confirmation" in json.loads(recommended.read_text())["metadata"]

@@ -65,9 +65,10 @@ def test_unknown_model_alias(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "unknown model 'no-such-model'" in _err(capsys)
 
 
-def test_debug_shows_the_traceback(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown model"):
-        search([*_search_argv(Path("no-such-model"), tmp_path, longbench_dir()), "--debug"])
+def test_debug_shows_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert search([*_search_argv(Path("no-such-model"), tmp_path, longbench_dir()), "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "error: unknown model" in err
 
 
 def test_schedule_for_another_model(

@@ -67,7 +67,7 @@ def test_export_register_to_an_unreachable_server_fails_fast_and_writes_nothing(
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert SECRET not in proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "error: MLflow tracking server http://user:***@127.0.0.1:1 is not reachable ([Errno 111] Connection "
+        "error: MLflow tracking server http://***@127.0.0.1:1 is not reachable ([Errno 111] Connection "
         "refused); start it or pass another --tracking-uri"
     ]
     assert not out.exists() and took < 60
@@ -100,7 +100,7 @@ def test_tracebacks_logs_and_warnings_are_masked(tmp_path: Path, kind: str, argv
     proc = subprocess.run(
         [sys.executable, str(script)], env=_env(), capture_output=True, text=True, timeout=120
     )
-    assert proc.returncode == 1
+    assert proc.returncode == (2 if kind == "ValueError" else 1)  # --debug keeps bad input's status
     err = proc.stderr
     assert "Traceback (most recent call last)" in err and f"{kind}: while opening" in err, err
     assert "cannot open" in err and "retrying" in err and "ConnectionError: driver says" in err, err
@@ -118,7 +118,7 @@ def test_tracebacks_logs_and_warnings_are_masked(tmp_path: Path, kind: str, argv
         (f"postgresql+psycopg://u:{SECRET}@127.0.0.1:1/db",
          "cannot reach MLflow tracking store postgresql+psycopg://u:***@127.0.0.1:1/db"),
         (f"postgresql://u:{SECRET}@127.0.0.1:1/db", "postgresql://u:***@127.0.0.1:1/db"),
-        (f"http://user:{SECRET}@127.0.0.1:1", "MLflow tracking server http://user:***@127.0.0.1:1 is not reachable ([Errno 111] Connection refused)"),
+        (f"http://user:{SECRET}@127.0.0.1:1", "MLflow tracking server http://***@127.0.0.1:1 is not reachable ([Errno 111] Connection refused)"),
     ],
 )  # fmt: skip
 def test_unusable_tracking_uri_is_one_line_before_any_state(
@@ -162,7 +162,7 @@ def test_http_userinfo_is_sent_as_basic_auth(auth_server: int) -> None:
     check_reachable(f"http://user:{SECRET}@127.0.0.1:{auth_server}")  # answers: no error
     with pytest.raises(ValueError, match="refused the credentials") as err:
         check_reachable(f"http://user:wr%40ng@127.0.0.1:{auth_server}")
-    assert "wr%40ng" not in str(err.value) and "user:***@" in str(err.value)
+    assert "wr%40ng" not in str(err.value) and "http://***@127.0.0.1" in str(err.value)
 
 
 # ---- 5. a baseline cache of the wrong shape is rebuilt ---------------------------------------------

@@ -12,8 +12,8 @@ from tuner.redact import MASK, redact_text, redact_url
     [
         ("postgresql+psycopg://lazyllm:s3cr%40t@db-host:5432/lazyllm?sslmode=require",
          f"postgresql+psycopg://lazyllm:{MASK}@db-host:5432/lazyllm?sslmode=require"),
-        ("http://alice:pa:ss@127.0.0.1:5000", f"http://alice:{MASK}@127.0.0.1:5000"),
-        ("https://bob:x@mlflow.example.org/path", f"https://bob:{MASK}@mlflow.example.org/path"),
+        ("http://alice:pa:ss@127.0.0.1:5000", f"http://{MASK}@127.0.0.1:5000"),  # http(s): user too
+        ("https://bob:x@mlflow.example.org/path", f"https://{MASK}@mlflow.example.org/path"),
         ("postgresql://user:@host/db", f"postgresql://user:{MASK}@host/db"),  # empty password: still masked
         ("sqlite:////tmp/runs/study.db", "sqlite:////tmp/runs/study.db"),
         ("sqlite:///relative/mlflow.db", "sqlite:///relative/mlflow.db"),
@@ -46,7 +46,7 @@ from hypothesis import strategies as st  # noqa: E402
     ("text", "secret", "kept"),
     [
         ("postgresql://user:s3/cret@127.0.0.1:5432/db", "s3/cret", "@127.0.0.1:5432/db"),  # '/' raw
-        ("http://u:p@ss_s3cret@h:5000", "ss_s3cret", "http://u:***@h:5000"),  # '@' raw: the last '@' ends it
+        ("http://u:p@ss_s3cret@h:5000", "ss_s3cret", "http://***@h:5000"),  # '@' raw: the last '@' ends it
         ("postgresql://h/db?sslmode=require&password=s3cret", "s3cret", "sslmode=require&password=***"),
         ("http://h/x?PassWD=s3cret&a=1", "s3cret", "PassWD=***&a=1"),  # any case
         ("http://h/x?pass%77ord=s3cret", "s3cret", "?pass%77ord=***"),  # a percent-encoded name
@@ -60,7 +60,10 @@ def test_url_forms_are_masked(text: str, secret: str, kept: str) -> None:
     assert secret not in out and kept in out and MASK in out
 
 
-_NAMES = ["password", "passwd", "pwd", "token", "secret", "PASSWORD", "Token", "pAsSwD"]
+_NAMES = [
+    "password", "passwd", "pwd", "token", "secret", "PASSWORD", "Token", "pAsSwD", "sslpassword",
+    "access_token", "api_key", "API-KEY", "apikey", "key", "sig", "Signature", "credential",
+]  # fmt: skip
 # any printable character but a line break (a secret spanning lines is not one URL)
 _PRINTABLE = st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters="\n\r\x85\u2028\u2029")
 _SAFE = string.ascii_letters + string.digits + "._-"
@@ -77,7 +80,10 @@ def _urls(draw: st.DrawFn) -> tuple[str, list[str]]:
     path = draw(st.sampled_from(["", "/", "/db", "/a/b"]))
     slots: dict[str, str] = {}  # placeholder (a control character, never generated) -> secret
     userinfo = ""
-    if draw(st.booleans()):
+    if scheme.startswith("http") and draw(st.booleans()):  # a bare token as the user: a credential
+        slots["\x02"] = draw(st.text(_SAFE, min_size=6, max_size=30))
+        userinfo = "\x02@"
+    elif draw(st.booleans()):
         raw = draw(st.text(_PRINTABLE, min_size=6, max_size=30))
         slots["\x00"] = quote(raw, safe="") if draw(st.booleans()) else raw
         userinfo = f"{user}:\x00@"
@@ -113,3 +119,34 @@ def test_no_secret_survives_masking(case: tuple[str, list[str]]) -> None:
         assert secret not in out, (text, out)
     assert redact_text(out) == out  # masking is idempotent
     assert out.count(MASK) >= 1
+
+
+# ---- issue 32: bare userinfo of http(s) URLs and the documented secret query parameters -------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret", "kept"),
+    [
+        ("http://TOKEN@127.0.0.1:1", "TOKEN", "http://***@127.0.0.1:1"),
+        ("https://TOKEN:x-oauth-basic@h", "TOKEN", "https://***@h"),
+        ("HTTPS://TOKEN@h/a?b=1", "TOKEN", "***@h/a?b=1"),
+        ("sqlite:////tmp/x/study.db?sslpassword=SECRET", "SECRET", "study.db?sslpassword=***"),
+        ("http://h/x?api_key=SECRET&a=1", "SECRET", "api_key=***&a=1"),
+        ("http://h/x?access_token=SECRET", "SECRET", "access_token=***"),
+        ("https://acct.blob.core.windows.net/c?sv=1&sig=SECRET", "SECRET", "sv=1&sig=***"),
+        ("http://h/x?api-key=SECRET", "SECRET", "api-key=***"),
+        ("http://h/x?apikey=SECRET&key=SECRET2", "SECRET", "apikey=***&key=***"),
+        ("http://h/x?signature=SECRET&credential=C2", "SECRET", "signature=***&credential=***"),
+    ],
+)  # fmt: skip
+def test_credential_forms_are_masked(text: str, secret: str, kept: str) -> None:
+    out = redact_url(text)
+    assert secret not in out and kept in out, out
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["postgresql://user@host/db", "http://127.0.0.1:5000/x?keep=1&monkey=2", "http://h/a?sslmode=require"],
+)
+def test_non_credentials_stay_readable(text: str) -> None:
+    assert redact_url(text) == text

@@ -15,7 +15,11 @@ at each step ``t`` the next-token distributions ``P_t`` (unpruned) and ``Q_t`` (
 
 The pruned side never generates freely, so its cost is fixed (prompt + ``T`` tokens). The unpruned
 side (answer ids, top-``k`` log-probabilities per step, gold log-probabilities) is computed once per
-study and cached as safetensors beside the baseline JSON cache.
+study and cached as safetensors beside the baseline JSON cache, with a checksum of every tensor and
+the baseline it was forced along in its metadata; a file that fails either, or holds an implausible
+reference (a log-probability above 0, unsorted top-``k``), is rebuilt with one line, and a reference
+whose answer ids are not the baseline's current answer is recomputed
+(:mod:`tuner.evaluation.integrity`).
 
 Engine hook: :meth:`lazyllm.engine.LazyLLM.forced_logits` runs the passes ``generate`` runs, with
 the next input taken from the given answer instead of the argmax.
@@ -38,6 +42,7 @@ from lazyllm.atomic import replace_with
 from lazyllm.engine import LazyLLM, PromptPrefix
 from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
+from tuner.evaluation.integrity import announce_rebuild, tensors_digest
 
 DEFAULT_TOP_K = 64
 # unpruned prefills kept per evaluator so trials start at their first pruning layer; past this many
@@ -85,6 +90,19 @@ class Reference:
             )
         if self.gold_ids.shape != self.gold_logp.shape:
             raise ValueError("gold ids and gold log-probs differ in shape")
+        for name in ("answer_ids", "topk_ids", "gold_ids"):
+            ids = getattr(self, name)
+            if ids.dtype != torch.long or (ids.numel() and int(ids.min()) < 0):
+                raise ValueError(f"reference {name}: must be int64 token ids >= 0")
+        for name in ("topk_logp", "gold_logp"):
+            logp = getattr(self, name)
+            # log-probabilities: <= 0, never NaN (-inf is a probability of 0)
+            if logp.dtype != torch.float32 or bool((logp.isnan() | (logp > 0)).any()):
+                raise ValueError(f"reference {name}: log-probabilities must be float32 and <= 0")
+        if self.topk_logp.shape[1] > 1 and bool((self.topk_logp.diff(dim=1) > 0).any()):
+            raise ValueError("reference topk_logp: each step's top-k must be sorted, most likely first")
+        if bool((torch.logsumexp(self.topk_logp.double(), dim=1) > 1e-4).any()):
+            raise ValueError("reference topk_logp: a step's top-k probabilities sum above 1")
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}::{name}": getattr(self, name).contiguous() for name in _FIELDS}
@@ -164,31 +182,45 @@ def drift(reference: Reference, logits: torch.Tensor) -> tuple[float, float]:
 
 
 class ReferenceCache:
-    """References per example key in one safetensors file (no pickle); rewritten atomically."""
+    """References per example key in one safetensors file (no pickle); rewritten atomically.
 
-    def __init__(self, path: Path) -> None:
+    The metadata holds the format, a checksum of every tensor (:func:`tuner.evaluation.integrity.tensors_digest`)
+    and ``identity`` (what the references were computed from: the baseline cache's key, ``k``, gold);
+    a file that fails any of these is rebuilt with one line, never trusted."""
+
+    def __init__(self, path: Path, identity: str = "") -> None:
         self.path = path
+        self.identity = identity
         self.entries: dict[str, Reference] = {}
         if path.exists():
             try:
-                self.entries = _read(path)
-            except (SafetensorError, OSError, ValueError, KeyError):
-                self.entries = {}  # a corrupt cache is recomputed, never trusted
+                self.entries = _read(path, identity)
+            except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+                announce_rebuild(path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                self.entries = {}
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tensors: dict[str, torch.Tensor] = {}
         for key, ref in self.entries.items():
             tensors.update(ref.tensors(key))
-        replace_with(self.path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": _FORMAT}))
+        metadata = {"format": _FORMAT, "checksum": tensors_digest(tensors), "identity": self.identity}
+        replace_with(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
-def _read(path: Path) -> dict[str, Reference]:
+def _read(path: Path, identity: str) -> dict[str, Reference]:
     with safe_open(str(path), framework="pt") as f:
-        found = (f.metadata() or {}).get("format")
+        metadata = f.metadata() or {}
+    found = metadata.get("format")
     if found != _FORMAT:
-        raise ValueError(f"{path}: format {found!r}, expected {_FORMAT!r}")
+        raise ValueError(f"format {found!r}, expected {_FORMAT!r}")
+    if "checksum" not in metadata:
+        raise ValueError("written without a checksum by an older version")
+    if metadata.get("identity", "") != identity:
+        raise ValueError(f"made for other inputs ({metadata.get('identity')!r}, expected {identity!r})")
     raw = load_file(str(path))
+    if tensors_digest(raw) != metadata["checksum"]:
+        raise ValueError("its checksum does not match its content")
     keys = {name.rsplit("::", 1)[0] for name in raw}
     return {k: Reference(**{f: raw[f"{k}::{f}"] for f in _FIELDS}) for k in keys}
 
@@ -219,9 +251,8 @@ class FidelityEvaluator:
         self.prefixes: dict[str, PromptPrefix | None] = {}  # None: over the memory cap, run in full
         base = evaluator.cache.path
         stem = base.name.removeprefix("baseline-").removesuffix(".json")
-        self.cache = ReferenceCache(
-            base.with_name(f"fidelity-{stem}-k{top_k}{'-gold' if gold else ''}.safetensors")
-        )
+        name = f"{stem}-k{top_k}{'-gold' if gold else ''}"
+        self.cache = ReferenceCache(base.with_name(f"fidelity-{name}.safetensors"), identity=name)
         layers = int(evaluator.model.config.num_hidden_layers)
         self.keep_all = LazyLLM(
             evaluator.model,
@@ -239,11 +270,23 @@ class FidelityEvaluator:
     def references(self) -> dict[str, Reference]:
         """The unpruned side per example key (computed once, then read from the cache)."""
         base = self.evaluator.baseline()
+        stale = [
+            ex.key
+            for ex in self.evaluator.examples
+            if ex.key in self.cache.entries
+            and not self._matches(self.cache.entries[ex.key], base[ex.key], ex)
+        ]
+        if stale:  # forced along another answer than the baseline's: recomputed, never mixed
+            announce_rebuild(
+                self.cache.path, f"{len(stale)} reference(s) not forced along the current baseline"
+            )
+            for key in stale:
+                del self.cache.entries[key]
         missing = [ex for ex in self.evaluator.examples if ex.key not in self.cache.entries]
         for ex in tqdm(
             missing, desc="fidelity reference", disable=not self.evaluator.progress or not missing
         ):
-            answer = [int(t) for t in base[ex.key]["token_ids"]]
+            answer = list(base[ex.key].token_ids)
             prefix = self.prefix(ex)  # captured here once: the trials start from it too
             logits = forced_logits(self.keep_all, ex.input_ids, answer, prefix)
             gold = self.gold_ids(ex)
@@ -251,6 +294,16 @@ class FidelityEvaluator:
             self.cache.entries[ex.key] = reference_from_logits(answer, logits, self.top_k, gold, gold_logits)
             self.cache.save()
         return {ex.key: self.cache.entries[ex.key] for ex in self.evaluator.examples}
+
+    def _matches(self, ref: Reference, entry: Any, example: Any) -> bool:
+        """``ref`` was forced along ``entry``'s answer (and ``example``'s gold answer, if measured)."""
+        vocab = int(self.evaluator.model.config.vocab_size)
+        return (
+            ref.answer_ids.tolist() == list(entry.token_ids)
+            and ref.gold_ids.tolist() == self.gold_ids(example)
+            and (ref.topk_ids.numel() == 0 or int(ref.topk_ids.max()) < vocab)
+            and ref.topk_ids.shape[1] == min(self.top_k, vocab)
+        )
 
     def prefix(self, example: Any) -> PromptPrefix | None:
         """The unpruned prefill of ``example``'s prompt (captured once, while within ``prefix_bytes``)."""

@@ -16,13 +16,15 @@ How a method is scored on one example:
 
 The unpruned baseline's predictions (text and token ids), scores and timings are cached on disk as JSON, keyed by model,
 data file digests, split, truncation, generation lengths and package version, so a second evaluation
-(or every trial of a study) reuses them.
+(or every trial of a study) reuses them. The file carries its checksum and that fingerprint, and is
+rebuilt with one line when either fails or a value is implausible (:func:`load_baseline`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +48,7 @@ from tuner.data.longbench import (
 )
 from tuner.data.metrics import score_example, task_score
 from tuner.data.sources import resolve_source
+from tuner.evaluation.integrity import announce_rebuild, as_json_value, json_digest
 from tuner.evaluation.speed import (
     DEFAULT_ROUNDS,
     SpeedMeasurement,
@@ -55,6 +58,7 @@ from tuner.evaluation.speed import (
     resolve_clock,
 )
 from tuner.statistics.bootstrap import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
+from tuner.study.preflight import check_context, model_context
 from tuner.study.settings import EvalSettings
 
 
@@ -195,30 +199,155 @@ class MethodSpeed:
         )
 
 
+BASELINE_FORMAT = "lazyllm-baseline-v2"
+"""v2: a checksum of the content and the fingerprint of the inputs; v1 files (neither) are read into
+:class:`BaselineEntry` records by :func:`load_baseline` but never trusted, so they are rebuilt."""
+
+
+def _finite(value: Any, what: str, low: float = 0.0, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} = {value!r}: not a number")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(f"{what} = {value!r}: must be finite and in [{low}, {high}]")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    """The unpruned model on one example: its greedy answer, score and scoring-run times.
+
+    Attributes:
+        prediction: the answer text. score: the dataset metric in [0, 1]. ttft_s, total_s: the
+        scoring run's wall-clock times (>= 0). token_ids: the answer's token ids (teacher-forced by
+        :mod:`tuner.evaluation.fidelity`).
+    """
+
+    prediction: str
+    score: float
+    ttft_s: float
+    total_s: float
+    token_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prediction, str):
+            raise ValueError(f"prediction = {self.prediction!r}: not a string")
+        _finite(self.score, "score", 0.0, 1.0)
+        _finite(self.ttft_s, "ttft_s")
+        _finite(self.total_s, "total_s")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.token_ids):
+            raise ValueError("token_ids: every id must be an integer >= 0")
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prediction": self.prediction,
+            "score": self.score,
+            "ttft_s": self.ttft_s,
+            "total_s": self.total_s,
+            "new_tokens": self.new_tokens,
+            "token_ids": list(self.token_ids),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> BaselineEntry:
+        """Read an entry of any format written so far (v1 and v2 entries have the same fields; an
+        entry from before answer ids were cached has none and is refused)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{data!r}: not an entry")
+        if "token_ids" not in data:
+            raise ValueError("no answer token ids (written before they were cached)")
+        ids = data["token_ids"]
+        if not isinstance(ids, list):
+            raise ValueError("token_ids: not a list")
+        if "new_tokens" in data and data["new_tokens"] != len(ids):
+            raise ValueError(f"new_tokens = {data['new_tokens']!r} but {len(ids)} token ids")
+        return cls(
+            prediction=data.get("prediction"),  # type: ignore[arg-type]  # checked in __post_init__
+            score=data.get("score"),  # type: ignore[arg-type]
+            ttft_s=data.get("ttft_s"),  # type: ignore[arg-type]
+            total_s=data.get("total_s"),  # type: ignore[arg-type]
+            token_ids=tuple(ids),
+        )
+
+
+@dataclass(frozen=True)
+class BaselineFile:
+    """What :func:`load_baseline` read: the entries (migrated to :class:`BaselineEntry`) and, when
+    they are not to be trusted, why (``problem``; the entries are then empty or unverified)."""
+
+    entries: dict[str, BaselineEntry]
+    problem: str | None = None
+
+
+def _checksum(fingerprint: Any, entries: dict[str, Any]) -> str:
+    return json_digest({"format": BASELINE_FORMAT, "fingerprint": fingerprint, "entries": entries})
+
+
+def load_baseline(path: Path, fingerprint: dict[str, Any]) -> BaselineFile:
+    """The one loader of baseline caches: any format written so far, checked against its checksum,
+    ``fingerprint`` (the inputs' identity) and each entry's plausibility. Never raises on bad
+    content: a file that fails is reported in ``problem`` (with whatever entries could be read)."""
+    if not path.exists():
+        return BaselineFile({})
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        return BaselineFile({}, f"not readable JSON: {type(exc).__name__}")
+    raw = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(raw, dict):
+        return BaselineFile({}, "not a baseline cache (no entries object)")
+    entries: dict[str, BaselineEntry] = {}
+    for key, value in raw.items():
+        try:
+            entries[key] = BaselineEntry.from_dict(value)
+        except (ValueError, TypeError) as exc:
+            return BaselineFile({}, f"entry {key!r}: {exc}")
+    if data.get("format") != BASELINE_FORMAT or "checksum" not in data:
+        return BaselineFile(entries, "written without a checksum by an older version")
+    wanted = as_json_value(fingerprint)
+    if data.get("fingerprint") != wanted:
+        return BaselineFile({}, "made for other inputs (its fingerprint differs)")
+    try:
+        checksum = _checksum(wanted, raw)
+    except ValueError:  # NaN or infinity somewhere: implausible, and not canonical JSON
+        return BaselineFile({}, "holds a non-finite number")
+    if data["checksum"] != checksum:
+        return BaselineFile({}, "its checksum does not match its content")
+    return BaselineFile(entries)
+
+
 @dataclass
 class BaselineCache:
-    """Unpruned predictions and timings per example, as one JSON file per evaluation fingerprint."""
+    """Unpruned predictions and timings per example, as one JSON file per evaluation fingerprint
+    (with its checksum and fingerprint: :func:`load_baseline`)."""
 
     path: Path
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    entries: dict[str, BaselineEntry] = field(default_factory=dict)
 
     @classmethod
     def open(cls, cache_dir: Path, fingerprint: dict[str, Any]) -> BaselineCache:
         key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:20]
         path = cache_dir / f"baseline-{key}.json"
-        entries: dict[str, dict[str, Any]] = {}
-        if path.exists():
-            try:
-                found = json.loads(path.read_text())["entries"]
-            except (ValueError, KeyError, TypeError, OSError):
-                found = None
-            # a truncated cache or one of the wrong shape ({"entries": []}) is recomputed, never trusted
-            if isinstance(found, dict) and all(isinstance(v, dict) for v in found.values()):
-                entries = found
-        return cls(path=path, entries=entries)
+        found = load_baseline(path, fingerprint)
+        if found.problem is not None:  # rebuilt, never trusted
+            announce_rebuild(path, found.problem)
+            return cls(path=path, fingerprint=fingerprint)
+        return cls(path=path, fingerprint=fingerprint, entries=dict(found.entries))
 
     def save(self) -> None:
-        write_atomic(self.path, json.dumps({"entries": self.entries}, indent=1))
+        fingerprint = as_json_value(self.fingerprint)
+        entries = {k: v.to_dict() for k, v in self.entries.items()}
+        data = {
+            "format": BASELINE_FORMAT,
+            "fingerprint": fingerprint,
+            "checksum": _checksum(fingerprint, entries),
+            "entries": entries,
+        }
+        write_atomic(self.path, json.dumps(data, indent=1))
 
 
 def score_prediction(example: Example, prediction: str) -> float:
@@ -256,6 +385,8 @@ class Evaluator:
         *,
         progress: bool = True,
     ) -> None:
+        # before any example is built: a prompt length over the model's context is refused, not cut
+        check_context(config.max_prompt_tokens, config.max_new_tokens, model_context(model.config))
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -276,25 +407,21 @@ class Evaluator:
         }
         self.cache = BaselineCache.open(Path(cache_dir), fingerprint)
 
-    def baseline(self) -> dict[str, dict[str, Any]]:
+    def baseline(self) -> dict[str, BaselineEntry]:
         """Unpruned prediction, score and timings per example key (computed once, then from the cache)."""
-        # an entry from before answer ids were cached is recomputed (the fidelity needs the ids)
-        missing = [ex for ex in self.examples if "token_ids" not in self.cache.entries.get(ex.key, {})]
+        missing = [ex for ex in self.examples if ex.key not in self.cache.entries]
         if missing:
             run_example(self.baseline_engine, missing[0])  # warm-up, not recorded
         for ex in tqdm(missing, desc="baseline", disable=not self.progress or not missing):
             result = run_example(self.baseline_engine, ex)
             prediction = result.text or ""
-            self.cache.entries[ex.key] = {
-                "prediction": prediction,
-                "score": score_prediction(ex, prediction),
-                "ttft_s": result.ttft_s,
-                "total_s": result.total_s,
-                "new_tokens": len(result.token_ids),
-                "token_ids": [
-                    int(t) for t in result.token_ids
-                ],  # teacher-forced by tuner.evaluation.fidelity
-            }
+            self.cache.entries[ex.key] = BaselineEntry(
+                prediction=prediction,
+                score=score_prediction(ex, prediction),
+                ttft_s=result.ttft_s,
+                total_s=result.total_s,
+                token_ids=tuple(int(t) for t in result.token_ids),  # teacher-forced by the fidelity
+            )
             self.cache.save()
         return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
 
@@ -385,12 +512,12 @@ class Evaluator:
                 dataset=ex.dataset,
                 record_id=ex.record_id,
                 method="baseline",
-                prediction=str(base[ex.key]["prediction"]),
-                score=float(base[ex.key]["score"]),
-                ttft_s=float(base[ex.key]["ttft_s"]),
-                total_s=float(base[ex.key]["total_s"]),
+                prediction=base[ex.key].prediction,
+                score=base[ex.key].score,
+                ttft_s=base[ex.key].ttft_s,
+                total_s=base[ex.key].total_s,
                 prompt_tokens=len(ex.input_ids),
-                new_tokens=int(base[ex.key]["new_tokens"]),
+                new_tokens=base[ex.key].new_tokens,
                 prompt_computed_fraction=1.0,
             )
             for ex in self.examples

@@ -15,9 +15,10 @@ the problem and the fix, with every password masked (:mod:`tuner.redact`); nothi
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lazyllm.schedule import Schedule
 
@@ -36,13 +37,18 @@ def check_search(settings: SearchSettings) -> None:
     """``tuner.search``: search space, data, storage, tracking store and registered-model name."""
     from tuner.data.sources import resolve_source
     from tuner.study.spaces import load_space
-    from tuner.study.stores import check_storage, check_tracking_store
+    from tuner.study.stores import check_storage, check_tracking_store, sqlite_path
     from tuner.tracking.registry import check_name
     from tuner.tracking.runs import default_tracking_uri, wanted
 
     load_space(settings.search_space)  # an unknown or malformed space fails here
+    # the model's context, when its config is on disk (else tuner.evaluation.runner.Evaluator checks the loaded one)
+    check_context(settings.max_prompt_tokens, settings.max_new_tokens, _local_context(settings.model))
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
-    check_storage(settings.storage_url, folder=settings.storage is not None)
+    # a URL names an existing place; only the study folder (the default's, or one named in full) is ours
+    named = sqlite_path(settings.storage_url)
+    ours = named is not None and named.parent.resolve() == settings.study_dir.resolve()
+    check_storage(settings.storage_url, folder=settings.storage is not None and not ours)
     if settings.register is not None:
         check_name(settings.register)
     if wanted(settings):
@@ -52,6 +58,40 @@ def check_search(settings: SearchSettings) -> None:
             check_tracking_store(default_tracking_uri(settings), folder=False)
     elif settings.register is not None:
         raise ValueError("--register needs MLflow tracking; drop --tracking-uri none or --register")
+
+
+def check_context(max_prompt_tokens: int, max_new_tokens: int | None, context: int | None) -> None:
+    """``max_prompt_tokens`` fits the model's ``context`` (``max_position_embeddings``) with
+    ``max_new_tokens`` more; a longer setting would be recorded as the study's while every prompt is
+    cut to what fits. ``context`` None: the model does not say, nothing to check."""
+    if context is None:
+        return
+    room = context - (max_new_tokens or 0)
+    if max_prompt_tokens > room:
+        raise ValueError(
+            f"max_prompt_tokens = {max_prompt_tokens}: above what the model's {context}-token context holds "
+            f"with {max_new_tokens or 0} new tokens ({room}); pass --max-prompt-tokens {room} or less"
+        )
+
+
+def model_context(config: Any) -> int | None:
+    """A transformers config's context length (``max_position_embeddings``; None if it has none)."""
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _local_context(model: str) -> int | None:
+    """The context length in a model's ``config.json`` when it is already on disk (a folder or a
+    prepared packaged model); None otherwise (the loaded model is checked instead)."""
+    from lazyllm.models import PACKAGED_MODELS, cache_dir
+
+    folder = cache_dir() / model / "hf" if model in PACKAGED_MODELS else Path(model).expanduser()
+    try:
+        data = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("max_position_embeddings") if isinstance(data, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def check_budget(value: float | None, flag: str = "--max-accuracy-loss") -> None:

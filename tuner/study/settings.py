@@ -44,6 +44,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in 0..2**32-1
 HEARTBEAT_MAX_S = 3600  # an hour between heartbeats; the heartbeat thread's wait must stay a valid timeout
 GRACE_MAX_S = 7 * 24 * 3600  # a week without a heartbeat before a trial counts as crashed
+CONFIRM_K_DEFAULT = 6
 
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
@@ -123,6 +124,12 @@ class EvalSettings:
             raise ValueError(f"language = {self.language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
         if self.split not in SPLITS:
             raise ValueError(f"split = {self.split!r}: must be one of {', '.join(SPLITS)}")
+        if (
+            isinstance(self.task, str)
+            and "," in self.task
+            and not all(p.strip() for p in self.task.split(","))
+        ):
+            raise ValueError(f"task = {self.task!r}: a comma list with an empty part; drop the extra comma")
         resolve_task(self.task, self.language)  # an unknown task fails here, before any state
         if self.n_examples is not None and self.n_examples < 1:
             raise ValueError(f"n_examples = {self.n_examples}: must be >= 1 (or null for all)")
@@ -201,7 +208,7 @@ class SearchSettings(EvalSettings):
         ),
     )
     confirm_k: int = field(
-        default=6,
+        default=CONFIRM_K_DEFAULT,
         metadata=_help(
             "feasible front schedules scored on the task before recommending (a fidelity search: the "
             "calibration's points; a score search: the candidates raced, each already within budget "
@@ -275,10 +282,18 @@ class SearchSettings(EvalSettings):
         _finite("max_kl", self.max_kl, low=0, strict=True)
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence = {self.confidence}: must be in [0.5, 1), e.g. 0.9")
-        if not 0.5 <= self.decision_level < 1:
-            raise ValueError(f"decision_level = {self.decision_level}: must be in [0.5, 1), e.g. 0.6")
-        if self.confirm_k < 0:
-            raise ValueError(f"confirm_k = {self.confirm_k}: must be >= 0 (0 = no confirmation)")
+        if not 0.5 <= self.decision_level <= self.confidence:
+            raise ValueError(
+                f"decision_level = {self.decision_level}: must be in [0.5, confidence = {self.confidence}], "
+                "e.g. 0.6 (a decision is not made above the level it is reported at)"
+            )
+        confirm_most = max(self.n_trials, CONFIRM_K_DEFAULT)
+        if not 0 <= self.confirm_k <= confirm_most:
+            raise ValueError(
+                f"confirm_k = {self.confirm_k}: must be in 0..{confirm_most} (0 = no confirmation): it "
+                f"scores schedules of the front, and a study of n_trials = {self.n_trials} trials has at "
+                f"most that many (the default {CONFIRM_K_DEFAULT} is allowed whatever n_trials)"
+            )
         for name in ("confirm_n_examples", "heldout_n_examples"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or value < 1):

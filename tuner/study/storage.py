@@ -20,6 +20,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 import lazyllm
+from lazyllm.atomic import remove_dead_temporaries
 from tuner.redact import redact_text
 from tuner.study.samplers import make_sampler
 from tuner.study.settings import SearchSettings
@@ -32,11 +33,14 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 @contextmanager
 def study_lock(folder: Path) -> Iterator[None]:
-    """An exclusive lock on ``folder/.lock`` (POSIX ``flock``) for this machine's workers."""
+    """An exclusive lock on ``folder/.lock`` (POSIX ``flock``) for this machine's workers; once held,
+    the temporaries that killed writers left in the folder are removed
+    (:func:`lazyllm.atomic.remove_dead_temporaries`)."""
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / ".lock").open("a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
+            remove_dead_temporaries(folder)
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)

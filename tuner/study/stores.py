@@ -2,7 +2,8 @@
 anything is written, and created so that an interrupt can never leave a half-made store behind.
 
 * :func:`check_storage` / :func:`check_tracking_store` / :func:`check_database`: a SQLite URL must
-  name a SQLite file (or nothing yet), a server URL must name an installed driver and answer; every
+  name a SQLite file (or nothing yet, in a folder that exists: a URL names an existing place, only
+  the default study folder is made by the run), a server URL must name an installed driver and answer; every
   message has its password masked.
 * :func:`create_sqlite_atomically`: a new SQLite store is built under a temporary name beside the
   final one and linked into place only once complete (``os.link`` never replaces a file another
@@ -40,8 +41,9 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def check_sqlite_file(path: Path, what: str, flag: str, *, folder: bool = True) -> None:
-    """``path`` is an existing SQLite database, or nothing yet in a folder that can be made (that
-    last part only with ``folder``)."""
+    """``path`` is an existing SQLite database, or nothing yet in an existing folder (that last part
+    only with ``folder``: a URL the user gave names an existing place; only the run's own default
+    folder is made by the run, so ``folder=False`` leaves it to the caller)."""
     if path.is_dir():
         raise ValueError(f"{what} {path} is a folder, not a SQLite file; pass another {flag}")
     if path.exists():
@@ -55,11 +57,13 @@ def check_sqlite_file(path: Path, what: str, flag: str, *, folder: bool = True) 
         return
     if not folder:
         return
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ValueError(f"cannot create {what} {path}: {ancestor} is not a folder; pass another {flag}")
+    parent = path.parent
+    if not parent.exists():
+        raise ValueError(
+            f"{what} {path}: its folder {parent} does not exist; create it or pass another {flag}"
+        )
+    if not parent.is_dir():
+        raise ValueError(f"cannot create {what} {path}: {parent} is not a folder; pass another {flag}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -217,7 +217,9 @@ def _next_step(settings: SearchSettings, study: optuna.Study, elapsed: float) ->
         return "done"
     if settings.timeout is not None and elapsed > settings.timeout:
         return "timeout"
-    if finished + c[TrialState.RUNNING] >= settings.n_trials and not c[TrialState.WAITING]:
+    if finished + c[TrialState.RUNNING] >= settings.n_trials:
+        # the last slots are held by running trials: wait for them (or their retries); a queued
+        # trial (a warm start past n_trials) taken now would only be failed as surplus
         return "wait"
     return "run"
 

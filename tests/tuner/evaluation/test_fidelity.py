@@ -166,7 +166,7 @@ def test_study_fidelity_cached_as_safetensors(tiny_folder: Path, tmp_path: Path)
         assert d.kl == pytest.approx(0.0, abs=1e-6) and d.top1 == 1.0
         assert d.gold_delta == pytest.approx(0.0, abs=1e-6)
     assert fid.cache.path.suffix == ".safetensors" and fid.cache.path.parent == ev.cache.path.parent
-    again = ReferenceCache(fid.cache.path)
+    again = ReferenceCache(fid.cache.path, fid.cache.identity)
     assert set(again.entries) == {ex.key for ex in ev.examples}
     for key, ref in again.entries.items():
         assert torch.equal(ref.topk_logp, fid.cache.entries[key].topk_logp)

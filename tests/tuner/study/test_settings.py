@@ -204,3 +204,63 @@ def test_confirmation_and_heldout_examples_fall_back_to_the_search() -> None:
     assert more.evidence_settings("heldout").n_examples == 150
     with pytest.raises(ValueError, match="confirm_n_examples = 0: must be >= 1"):
         SearchSettings(confirm_n_examples=0)
+
+
+# ---- issue 32 item 5: bounds that make no sense are refused, before anything is written ------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--confidence", "0.5", "--decision-level", "0.6"], "decision_level = 0.6: must be in [0.5, confidence = 0.5]"),
+        (["--confirm-k", "1000"], "confirm_k = 1000: must be in 0..6 (0 = no confirmation)"),
+        (["--n-trials", "40", "--confirm-k", "41"], "confirm_k = 41: must be in 0..40"),
+        (["--task", "qa,,hotpotqa"], "task = 'qa,,hotpotqa': a comma list with an empty part"),
+        (["--task", "hotpotqa,"], "a comma list with an empty part"),
+        (["--max-prompt-tokens", "10000000"],
+         "max_prompt_tokens = 10000000: above what the model's 4096-token context holds with 2 new tokens "
+         "(4094); pass --max-prompt-tokens 4094 or less"),
+    ],
+)  # fmt: skip
+def test_senseless_bounds_are_refused_and_nothing_is_written(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], fragment: str
+) -> None:
+    from tests.support import longbench_dir
+    from tuner.search import main as search
+
+    out = tmp_path / "out"
+    argv = ["--model", str(tiny_folder), "--task", "hotpotqa", "--n-examples", "1", "--max-prompt-tokens", "64",
+            "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(out), "--n-trials", "3",
+            *flags]  # fmt: skip
+    assert search(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+    assert not out.exists()
+
+
+def test_bounds_that_make_sense_pass() -> None:
+    assert SearchSettings(confidence=0.6, decision_level=0.6).decision_level == 0.6
+    assert SearchSettings(n_trials=2).confirm_k == 6  # the default, whatever n_trials
+    assert SearchSettings(n_trials=100, confirm_k=100).confirm_k == 100
+    assert SearchSettings(task="hotpotqa, trec").task == "hotpotqa, trec"
+
+
+def test_the_loaded_models_context_is_checked_too(tiny_folder: Path) -> None:
+    """A hub model's config is known only once it loads: the Evaluator checks it before any example."""
+    from lazyllm.models import load_model
+    from tests.support import longbench_dir
+    from tuner.evaluation.runner import Evaluator
+    from tuner.study.preflight import check_context
+
+    model, tokenizer = load_model(str(tiny_folder))
+    config = EvalSettings(
+        model=str(tiny_folder), task="trec", max_prompt_tokens=5000, data_dir=longbench_dir()
+    )
+    with pytest.raises(ValueError, match=r"max_prompt_tokens = 5000: above .* 4096-token context"):
+        Evaluator(model, tokenizer, config, Path("never-written"), progress=False)
+    assert not Path("never-written").exists()
+
+    check_context(8188, 4, 8192)
+    check_context(10**7, None, None)  # a model that names no context
+    with pytest.raises(ValueError, match=r"max_prompt_tokens = 8189: .* 8192-token context .* 4 new tokens"):
+        check_context(8189, 4, 8192)

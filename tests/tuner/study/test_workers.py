@@ -121,3 +121,32 @@ def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_retried(tmp_pat
     trials = study.get_trials()
     assert trials[0].state == TrialState.FAIL  # the orphan, failed once its heartbeat went stale
     assert [t.state for t in trials[1:]] == [TrialState.COMPLETE] and ran == [0.25]  # its queued retry
+
+
+def test_queued_trials_are_not_taken_while_running_trials_hold_the_last_slots(tmp_path: Path) -> None:
+    """Issue 32: with --n-workers 2, a worker whose peer held the last slot took every queued warm
+    start past n_trials and failed it as surplus ("[trial 3/4] #N fail" lines, nothing failed)."""
+    import threading
+
+    study = _study(tmp_path)
+    held = study.ask()  # another worker's trial, holding the last slot
+    study.tell(study.ask(), (1.0, 0.0))
+    for _ in range(3):
+        study.enqueue_trial({})  # warm starts past n_trials = 2
+    taken: list[int] = []
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        taken.append(trial.number)
+        if is_surplus(trial.study, trial.number, 2):  # as TrialRunner.check_slot does
+            trial.set_user_attr("surplus", True)
+            raise SurplusTrial("one too many")
+        return 1.0, 0.0
+
+    peer = threading.Timer(1.0, lambda: study.tell(held, (2.0, 0.0)))  # the peer finishes its trial
+    peer.start()
+    try:
+        assert run_trials(_settings(2), study, objective, [], poll_s=0.1) == "done"  # type: ignore[arg-type]
+    finally:
+        peer.join()
+    c = counts(study)
+    assert taken == [] and (c[TrialState.COMPLETE], c[TrialState.FAIL], c[TrialState.WAITING]) == (2, 0, 3)
