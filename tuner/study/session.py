@@ -190,6 +190,10 @@ def run_study(settings: SearchSettings) -> int:
     """The whole search: checks, study, trials, export, held-out check, tracking. Returns 0."""
     preflight(settings)
     check_output(settings)
+    if settings.n_workers > 1:  # the references here, the trials in the workers: the same reductions
+        import torch
+
+        torch.set_num_threads(worker_threads(settings.n_workers))
     session = open_session(settings)
     try:
         return _run_session(settings, session)
