@@ -37,7 +37,7 @@ from lazyllm.methods import Generator, make_method, peer_names
 from lazyllm.methods import method as method_spec
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
-from tuner.data.longbench import DATASETS
+from tuner.data.longbench import dataset_spec
 from tuner.data.metrics import task_score
 from tuner.evaluation import matched
 from tuner.evaluation.runner import Evaluator, Example, ExampleResult, MethodSpeed, summarize, write_results
@@ -57,7 +57,7 @@ def by_category(items: Sequence[Item]) -> dict[str, list[Item]]:
     """Examples (or results) per LongBench category of their dataset, then ``"all"``."""
     groups: dict[str, list[Item]] = {}
     for item in items:
-        groups.setdefault(DATASETS[item.dataset].category, []).append(item)
+        groups.setdefault(dataset_spec(item.dataset).category, []).append(item)
     groups["all"] = list(items)
     return groups
 

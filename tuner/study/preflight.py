@@ -34,6 +34,7 @@ def check_tracking(uri: str) -> None:
 
 def check_search(settings: SearchSettings) -> None:
     """``tuner.search``: search space, data, storage, tracking store and registered-model name."""
+    from tuner.data.openqa import check_task
     from tuner.data.sources import resolve_source
     from tuner.study.spaces import load_space
     from tuner.study.stores import check_storage, check_tracking_store
@@ -42,6 +43,7 @@ def check_search(settings: SearchSettings) -> None:
 
     load_space(settings.search_space)  # an unknown or malformed space fails here
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
+    check_task(settings.task, settings.language, settings.openqa_dir)  # open-QA sources readable
     check_storage(settings.storage_url, folder=settings.storage is not None)
     if settings.register is not None:
         check_name(settings.register)
@@ -71,8 +73,10 @@ def load_schedule(path: str | Path, flag: str = "--schedule") -> Schedule:
 
 def check_evaluate(settings: EvaluateSettings) -> Schedule | None:
     """``tuner.evaluate``: the schedule file and the data; returns the schedule (None if not given)."""
+    from tuner.data.openqa import check_task
     from tuner.data.sources import resolve_source
 
     schedule = load_schedule(settings.schedule) if settings.schedule else None
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)
+    check_task(settings.task, settings.language, settings.openqa_dir)
     return schedule
