@@ -566,12 +566,8 @@ class RecordBuilder:
             order = list(chosen)
             _generator(self.seed, question.dataset, question.id, "order").shuffle(order)
             context = self.context(order)
-            if (
-                uncut_length(
-                    self.tokenizer, self.prompt(question, context), self.chat, self.max_prompt_tokens
-                )
-                is not None
-            ):
+            text = self.prompt(question, context)
+            if uncut_length(self.tokenizer, text, self.chat, self.max_prompt_tokens) is not None:
                 return Record(
                     id=question.id,
                     dataset=question.dataset,
