@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -121,11 +120,14 @@ def main() -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--chunk", type=int, default=4, help="examples whose baseline is computed together")
     p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (2 threads on a shared 2-core CPU run slower)"
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--cache", default="runs/record-grid-cache", help="unpruned answers and references")
     args = p.parse_args()
 
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads)
     out = Path(
         args.out
         or f"benchmarks/data/grid-{args.model}-{args.task}-{args.split}-{args.max_prompt_tokens}.jsonl"

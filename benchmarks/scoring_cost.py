@@ -92,10 +92,11 @@ def main() -> int:
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--openqa-dir", default=None)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--threads", type=int, default=2, help="torch threads (1 on a CPU others share)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, device="cpu")
     layers = int(model.config.num_hidden_layers)
     schedule = Schedule.paper_style(args.model, layers).with_revival("frozen")

@@ -417,3 +417,16 @@ def test_real_shared_files(tokenizer: Any) -> None:
             assert 1024 - 200 <= len(ids) <= 1024
             assert all(corpus.passages[i].text in record.context for i in questions[record.id].gold)
     assert len(corpus.questions) == 4299  # squad-long: every answerable question of the shared file
+
+
+def test_openqa_preset_is_valid_settings() -> None:
+    from tuner.study.settings import EvaluateSettings, SearchSettings, resolve_settings
+
+    search = resolve_settings("openqa", {}, SearchSettings)
+    assert (search.task, search.n_examples, search.max_prompt_tokens, search.heldout) == (
+        "openqa",
+        40,
+        1024,
+        True,
+    )
+    assert resolve_settings("openqa", {}, EvaluateSettings).task == "openqa"  # the same examples to both
