@@ -429,4 +429,6 @@ def test_openqa_preset_is_valid_settings() -> None:
         1024,
         True,
     )
-    assert resolve_settings("openqa", {}, EvaluateSettings).task == "openqa"  # the same examples to both
+    assert (
+        resolve_settings("openqa", {"methods": "baseline"}, EvaluateSettings).task == "openqa"
+    )  # the same examples to both
