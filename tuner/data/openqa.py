@@ -508,8 +508,10 @@ class RecordBuilder:
         n_text = _n_tokens(self.tokenizer, empty)
         ceiling = self.max_prompt_tokens
         if self.chat:
-            if self._chat_tokens is None:  # the chat template's own tokens, measured once
-                self._chat_tokens = (uncut_length(self.tokenizer, empty, True, 10**9) or 0) - n_text
+            if self._chat_tokens is None:  # the chat template's own tokens, measured once on no question
+                bare = PROMPTS.template(self.corpus.dataset).format(context="", input="")
+                whole = uncut_length(self.tokenizer, bare, True, 10**9) or 0
+                self._chat_tokens = whole - _n_tokens(self.tokenizer, bare)
             ceiling = min(self.max_prompt_tokens - CHAT_MARGIN, self.max_prompt_tokens - self._chat_tokens)
         return n_text, ceiling - _MARGIN
 
