@@ -7,7 +7,7 @@ For every example of ``--task`` (``n_examples`` per dataset, built by the produc
 :class:`tuner.evaluation.runner.Evaluator`) and every schedule of the grid (families ``paper-style``:
 :func:`tuner.study.handmade.hand_made_grid` plus :meth:`lazyllm.Schedule.paper_style`; ``one-stage``:
 :func:`tuner.study.handmade.one_stage_grid`; ``gradual``: 25% or 40% pruned after each quarter of the
-depth; ``peers``: every :func:`lazyllm.methods.peer_names` method keeping 10/30/50% of the prompt),
+depth; a schedule in two families keeps its first name; ``peers``: every :func:`lazyllm.methods.peer_names` method keeping 10/30/50% of the prompt),
 one JSON line is appended to ``--out``: the task score (:meth:`Evaluator.evaluate`), the unpruned
 score (the baseline), the mean teacher-forced KL per answer token in nats and top-1 agreement
 (:meth:`tuner.evaluation.fidelity.FidelityEvaluator.example_drift`; null for the peers, which are not
@@ -53,7 +53,9 @@ def grid(model: str, layers: int) -> dict[str, tuple[str, str, Schedule | None, 
     gradual = {f"gradual {pct}% after each quarter": Schedule.from_layers(model, layers, dict.fromkeys(quarters, pct)) for pct in (25, 40)}  # fmt: skip
     for family, schedules in (("paper-style", paper), ("one-stage", one_stage_grid(model, layers)), ("gradual", gradual)):  # fmt: skip
         for name, schedule in schedules.items():
-            out[name] = (family, "lazyllm", schedule.with_revival("frozen"), {})
+            frozen = schedule.with_revival("frozen")
+            if all(frozen != s for _, _, s, _ in out.values()):  # one name per schedule (the first)
+                out[name] = (family, "lazyllm", frozen, {})
     for peer in peer_names():
         knob = METHODS[peer].size_knob
         assert knob is not None
