@@ -3,9 +3,11 @@
 How a method is scored on one example:
 
 1. The prompt is built with LongBench's template, cut in the middle to ``max_prompt_tokens`` tokens
-   (LongBench's rule) and, where LongBench does so for the dataset, wrapped in the chat template.
+   (LongBench's rule) and, where LongBench does so for the dataset, wrapped in the chat template. The
+   open-QA datasets (:mod:`tuner.data.openqa`) are built to fit instead, so nothing of theirs is cut.
 2. The method generates greedily, up to LongBench's length for the dataset (optionally capped), with
-   LongBench's stop rule (samsum stops at a newline); the prediction is scored by the dataset's metric.
+   LongBench's stop rule (samsum and the open-QA datasets stop at a newline); the prediction is scored
+   by the dataset's metric.
 3. **Speed** is not taken from the scoring runs (one wall-clock time each, hit by whatever else the
    machine does). It is measured as the search measures it (:mod:`tuner.evaluation.speed`): on a timing example
    (the one whose prompt length is nearest the median, :meth:`Evaluator.timing_example`) the unpruned
