@@ -2,9 +2,11 @@
 
 * :data:`DATASETS` holds one declarative :class:`DatasetSpec` per LongBench v1 dataset: category,
   language, metric (a :data:`tuner.data.metrics.METRICS` name) and LongBench's generation rules (chat
-  template or not, stop at newline, score the first line only).
-* :func:`resolve_task` turns a task string (a category, ``qa``, a dataset, or a comma list of these)
-  into specs; :func:`load_task` loads their records from a folder laid out like LongBench's ``data/``
+  template or not, stop at newline, score the first line only). :data:`OPENQA_DATASETS` declares the
+  long-context QA datasets built in LongBench's format from HotpotQA and SQuAD (``source="openqa"``;
+  :mod:`tuner.data.openqa` builds their records for a prompt budget).
+* :func:`resolve_task` turns a task string (a category, ``qa``, ``openqa``, a dataset, or a comma list
+  of these) into specs; :func:`load_task` loads their records from a folder laid out like LongBench's ``data/``
   (one ``<dataset>.jsonl`` per dataset); :mod:`tuner.data.sources` adds the Hugging Face hub's mirror.
 * :func:`split_records` splits records deterministically into a ``validation`` part (the tuner's
   objective) and a disjoint ``test`` part (held-out reporting).
@@ -22,7 +24,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from tuner.data.metrics import METRICS
 
@@ -36,6 +38,8 @@ CATEGORIES: tuple[str, ...] = (
 )
 LANGUAGES: tuple[str, ...] = ("en", "zh")
 LANGUAGE_FILTERS: tuple[str, ...] = ("en", "zh", "all")
+SOURCES: tuple[str, ...] = ("longbench", "openqa")
+"""Where a dataset's records come from: LongBench's files, or built from open QA releases."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class DatasetSpec:
             datasets trec, triviaqa, samsum, lsht, nor for the code datasets).
         stop_at_newline: also stop generating at a newline (LongBench: samsum only).
         first_line: score only the first line of the prediction (trec, triviaqa, samsum, lsht).
+        source: one of :data:`SOURCES`: ``"longbench"`` (read from LongBench's ``<name>.jsonl``) or
+            ``"openqa"`` (built by :mod:`tuner.data.openqa` from HotpotQA / SQuAD for the prompt budget).
     """
 
     name: str
@@ -60,6 +66,7 @@ class DatasetSpec:
     chat_template: bool = True
     stop_at_newline: bool = False
     first_line: bool = False
+    source: str = "longbench"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -76,6 +83,8 @@ class DatasetSpec:
             value = getattr(self, flag)
             if not isinstance(value, bool):
                 raise ValueError(f"{self.name}: {flag} = {value!r}: must be True or False")
+        if self.source not in SOURCES:
+            raise ValueError(f"{self.name}: source = {self.source!r}: must be one of {', '.join(SOURCES)}")
 
 
 def _few_shot(name: str, language: str, metric: str, *, stop_at_newline: bool = False) -> DatasetSpec:
@@ -118,17 +127,47 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 """All 21 LongBench v1 datasets by name, in LongBench's order."""
 
+OPENQA_DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        # HotpotQA (distractor): its gold passages, its own distractors, then other questions' passages
+        DatasetSpec("hotpotqa-long", "multi-doc-qa", "en", "qa_f1", stop_at_newline=True, source="openqa"),
+        # SQuAD 2.0 (answerable): its paragraph, its article's other paragraphs, then other articles'
+        DatasetSpec("squad-long", "single-doc-qa", "en", "qa_f1", stop_at_newline=True, source="openqa"),
+    )
+}
+"""Long-context QA built in LongBench's format from HotpotQA and SQuAD (:mod:`tuner.data.openqa`).
+Their answers are one short span, so generation stops at the first newline."""
+
+ALL_DATASETS: dict[str, DatasetSpec] = {**DATASETS, **OPENQA_DATASETS}
+"""Every dataset a task can name: LongBench's, then the open-QA ones."""
+
 TASKS: dict[str, tuple[str, ...]] = {
     **{category: tuple(n for n, s in DATASETS.items() if s.category == category) for category in CATEGORIES},
     "qa": tuple(n for n, s in DATASETS.items() if s.category in ("single-doc-qa", "multi-doc-qa")),
+    "openqa": tuple(OPENQA_DATASETS),
 }
-"""Task name -> dataset names: the six categories, plus ``qa`` = single-doc-qa + multi-doc-qa."""
+"""Task name -> dataset names: LongBench's six categories, ``qa`` = LongBench's single-doc-qa +
+multi-doc-qa, and ``openqa`` = the datasets built from HotpotQA and SQuAD."""
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """The spec of any dataset a task can name (LongBench's or open-QA); unknown names list the valid ones."""
+    try:
+        return ALL_DATASETS[name]
+    except KeyError:
+        raise ValueError(f"Unknown dataset {name!r}. Available: {', '.join(ALL_DATASETS)}") from None
+
+
+def task_help() -> str:
+    """The task names for ``--help``: task names, then every dataset name."""
+    return f"a task ({', '.join(TASKS)}), a dataset ({', '.join(ALL_DATASETS)}) or a comma list"
 
 
 def resolve_task(task: str, language: str = "en") -> list[DatasetSpec]:
     """The datasets a task string names, deduplicated, in the order named.
 
-    ``task`` is a :data:`TASKS` name, a :data:`DATASETS` name, or a comma list of these. ``language``
+    ``task`` is a :data:`TASKS` name, an :data:`ALL_DATASETS` name, or a comma list of these. ``language``
     (``"en"``, ``"zh"`` or ``"all"``) filters the datasets of task names; a dataset named explicitly is
     kept whatever its language.
 
@@ -144,14 +183,14 @@ def resolve_task(task: str, language: str = "en") -> list[DatasetSpec]:
         if not part:
             continue
         if part in TASKS:
-            names += [n for n in TASKS[part] if language == "all" or DATASETS[n].language == language]
-        elif part in DATASETS:
+            names += [n for n in TASKS[part] if language == "all" or ALL_DATASETS[n].language == language]
+        elif part in ALL_DATASETS:
             names.append(part)
         else:
             raise ValueError(
-                f"Unknown task {part!r}. Available: {', '.join(TASKS)}, or a dataset: {', '.join(DATASETS)}"
+                f"Unknown task {part!r}. Available: {', '.join(TASKS)}, or a dataset: {', '.join(ALL_DATASETS)}"
             )
-    specs = [DATASETS[n] for n in dict.fromkeys(names)]
+    specs = [ALL_DATASETS[n] for n in dict.fromkeys(names)]
     if not specs:
         raise ValueError(
             f"task {task!r} has no datasets in language {language!r}; use language 'all' or name datasets"
@@ -283,6 +322,11 @@ def load_records(folder: str | Path, dataset: str) -> list[Record]:
     return records
 
 
+def longbench_specs(task: str, language: str) -> list[DatasetSpec]:
+    """The datasets of ``task`` read from LongBench's files (``source == "longbench"``), in task order."""
+    return [spec for spec in resolve_task(task, language) if spec.source == "longbench"]
+
+
 def data_dir(explicit: str | Path | None) -> Path:
     """The LongBench data folder: ``explicit`` if given, else the environment variable LONGBENCH_DIR.
 
@@ -305,13 +349,16 @@ def data_dir(explicit: str | Path | None) -> Path:
 
 
 def load_task(task: str, language: str, folder: str | Path) -> dict[str, list[Record]]:
-    """Records of every dataset of ``task`` (see :func:`resolve_task`) found in ``folder``, by name.
+    """Records of every LongBench dataset of ``task`` (see :func:`resolve_task`) found in ``folder``, by
+    name; the task's open-QA datasets are not read here (:mod:`tuner.data.openqa` builds them).
 
-    A dataset whose file is missing is skipped with one warning naming it; if none is present this is
-    a ``ValueError`` listing the files looked for.
+    A dataset whose file is missing is skipped with one warning naming it; if the task has LongBench
+    datasets and none is present this is a ``ValueError`` listing the files looked for.
     """
     folder = Path(folder)
-    specs = resolve_task(task, language)
+    specs = longbench_specs(task, language)
+    if not specs:
+        return {}
     loaded: dict[str, list[Record]] = {}
     for spec in specs:
         try:
@@ -341,7 +388,20 @@ def _unit_hash(seed: int, record_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
-def _in_validation(records: Sequence[Record], seed: int, validation_fraction: float) -> list[bool]:
+class Keyed(Protocol):
+    """What the split reads of an item: its dataset and its id (a :class:`Record`, or an open-QA question)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def dataset(self) -> str: ...
+
+
+K = TypeVar("K", bound=Keyed)
+
+
+def _in_validation(records: Sequence[Keyed], seed: int, validation_fraction: float) -> list[bool]:
     """Per record: whether it is in ``validation``. Decided per dataset (see :func:`split_records`)."""
     by_dataset: dict[str, list[int]] = {}
     for index, record in enumerate(records):
@@ -359,12 +419,12 @@ def _in_validation(records: Sequence[Record], seed: int, validation_fraction: fl
 
 
 def split_records(
-    records: Iterable[Record],
+    records: Iterable[K],
     split: Split,
     seed: int = 0,
     validation_fraction: float = VALIDATION_FRACTION,
-) -> list[Record]:
-    """The records of one split, in their input order.
+) -> list[K]:
+    """The records of one split, in their input order (a record: anything with ``id`` and ``dataset``).
 
     A record is in ``validation`` iff ``u < validation_fraction``, where ``u`` in [0, 1) comes from
     sha256 of ``f"{seed}:{record.id}"``; otherwise it is in ``test``. So each record lands in the same
@@ -515,6 +575,43 @@ def max_new_tokens(config: PromptConfig, dataset: str) -> int:
         return config.max_new_tokens[dataset]
     except KeyError:
         raise ValueError(f"no max_new_tokens for {dataset!r} in {config.origin or config.source}") from None
+
+
+CHAT_MARGIN = 32
+"""Tokens left for the chat template's own tokens when a chat prompt's text is cut (:func:`encode_prompt`)."""
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> list[int]:
+    """The model input for a prompt, in LongBench's order: the text's tokens cut in the middle (to
+    ``max_tokens - CHAT_MARGIN`` where the chat template follows), then the chat template applied (a
+    ``user`` turn with the generation prompt), then the whole cut to ``max_tokens``."""
+    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if chat:
+        budget = max_tokens - CHAT_MARGIN  # room for the template's own tokens
+        if len(ids) > budget:
+            text = tokenizer.decode(truncate_middle(ids, budget), skip_special_tokens=True)
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        return truncate_middle(list(out), max_tokens)
+    return truncate_middle(ids, max_tokens)
+
+
+def uncut_length(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> int | None:
+    """The length of :func:`encode_prompt`'s result when it cuts nothing, else None (the prompt is too
+    long: its text has more than ``max_tokens`` tokens, ``max_tokens - CHAT_MARGIN`` with the chat
+    template, or the templated whole has more than ``max_tokens``)."""
+    n_text = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if n_text > (max_tokens - CHAT_MARGIN if chat else max_tokens):
+        return None
+    if not chat:
+        return n_text
+    n_all = len(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )
+    return n_all if n_all <= max_tokens else None
 
 
 def truncate_middle(ids: Sequence[int], max_tokens: int) -> list[int]:

@@ -34,7 +34,7 @@ from tuner.data.longbench import (
     data_dir,
     load_prompt_config,
     load_task,
-    resolve_task,
+    longbench_specs,
 )
 
 HUB_PARQUET = "hf://datasets/THUDM/LongBench@refs%2Fconvert%2Fparquet/{dataset}/test/0000.parquet"
@@ -118,12 +118,12 @@ class DataSource:
         )
 
     def load_task(self, task: str, language: str) -> dict[str, list[Record]]:
-        """Records of every dataset of ``task`` by name (see :func:`tuner.data.longbench.load_task`)."""
+        """Records of every LongBench dataset of ``task`` by name (see :func:`tuner.data.longbench.load_task`)."""
         if self.folder is not None:
             return load_task(task, language, self.folder)
         return {
             spec.name: load_parquet(hub_parquet_url(spec.name), spec.name)
-            for spec in resolve_task(task, language)
+            for spec in longbench_specs(task, language)
         }
 
     def prompt_config(self) -> PromptConfig:

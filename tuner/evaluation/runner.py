@@ -3,9 +3,11 @@
 How a method is scored on one example:
 
 1. The prompt is built with LongBench's template, cut in the middle to ``max_prompt_tokens`` tokens
-   (LongBench's rule) and, where LongBench does so for the dataset, wrapped in the chat template.
+   (LongBench's rule) and, where LongBench does so for the dataset, wrapped in the chat template. The
+   open-QA datasets (:mod:`tuner.data.openqa`) are built to fit instead, so nothing of theirs is cut.
 2. The method generates greedily, up to LongBench's length for the dataset (optionally capped), with
-   LongBench's stop rule (samsum stops at a newline); the prediction is scored by the dataset's metric.
+   LongBench's stop rule (samsum and the open-QA datasets stop at a newline); the prediction is scored
+   by the dataset's metric.
 3. **Speed** is not taken from the scoring runs (one wall-clock time each, hit by whatever else the
    machine does). It is measured as the search measures it (:mod:`tuner.evaluation.speed`): on a timing example
    (the one whose prompt length is nearest the median, :meth:`Evaluator.timing_example`) the unpruned
@@ -26,7 +28,8 @@ import hashlib
 import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,14 +42,20 @@ from lazyllm.atomic import write_atomic
 from lazyllm.engine import GenerationResult
 from lazyllm.methods import Generator, make_method
 from tuner.data.longbench import (
-    DATASETS,
+    DatasetSpec,
+    PromptConfig,
+    Record,
     build_prompt,
+    dataset_spec,
+    encode_prompt,
+    longbench_specs,
     max_new_tokens,
     resolve_task,
     split_records,
-    truncate_middle,
 )
 from tuner.data.metrics import score_example, task_score
+from tuner.data.openqa import PROMPTS as OPENQA_PROMPTS
+from tuner.data.openqa import RecordBuilder, build_split, openqa_specs, resolve_openqa_source
 from tuner.data.sources import resolve_source
 from tuner.evaluation.integrity import announce_rebuild, as_json_value, json_digest
 from tuner.evaluation.speed import (
@@ -79,37 +88,58 @@ class Example:
         return f"{self.dataset}/{self.record_id}"
 
 
-def _encode(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> list[int]:
-    """LongBench's order: cut the prompt text's tokens in the middle, then apply the chat template."""
-    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if chat:
-        budget = max_tokens - 32  # room for the template's own tokens
-        if len(ids) > budget:
-            text = tokenizer.decode(truncate_middle(ids, budget), skip_special_tokens=True)
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True
-        )["input_ids"]
-        return truncate_middle(list(out), max_tokens)
-    return truncate_middle(ids, max_tokens)
+def _task_records(
+    config: EvalSettings, tokenizer: Any, has_chat: bool
+) -> Iterator[tuple[DatasetSpec, list[Record], PromptConfig]]:
+    """Per dataset of ``config.task``, in task order: the chosen records of the split and their prompts.
+
+    LongBench's datasets are read and split (``n_examples`` first records of the split); the open-QA
+    datasets are built for the budget (:mod:`tuner.data.openqa`), and the questions whose gold passages
+    cannot fit are skipped with one warning counting them."""
+    specs = resolve_task(config.task, config.language)
+    longbench: dict[str, list[Record]] = {}
+    prompts = PromptConfig.generic()
+    if any(spec.source == "longbench" for spec in specs):
+        source = resolve_source(config.data_dir)
+        longbench = source.load_task(config.task, config.language)
+        prompts = source.prompt_config()
+    openqa = resolve_openqa_source(config.openqa_dir) if any(s.source == "openqa" for s in specs) else None
+    for spec in specs:
+        if spec.source == "openqa" and openqa is not None:
+            builder = RecordBuilder(
+                openqa.load(spec.name),
+                tokenizer,
+                chat=spec.chat_template and has_chat,
+                max_prompt_tokens=config.max_prompt_tokens,
+                seed=config.split_seed,
+            )
+            built = build_split(builder, config.split, config.split_seed, config.n_examples)  # type: ignore[arg-type]
+            if built.skipped:
+                warnings.warn(
+                    f"{spec.name}: {len(built.skipped)} {config.split} question(s) skipped, their gold "
+                    f"passages do not fit in {config.max_prompt_tokens} tokens (first: {built.skipped[0]})",
+                    stacklevel=3,
+                )
+            yield spec, built.records, OPENQA_PROMPTS
+        elif spec.name in longbench:
+            chosen = split_records(longbench[spec.name], config.split, seed=config.split_seed)  # type: ignore[arg-type]
+            if config.n_examples is not None:
+                chosen = chosen[: config.n_examples]
+            yield spec, chosen, prompts
 
 
 def build_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
-    """Load, split, cut and encode the examples of ``config.task`` (datasets in task order)."""
-    source = resolve_source(config.data_dir)
-    records = source.load_task(config.task, config.language)
-    prompts = source.prompt_config()
+    """Load (or build), split and encode the examples of ``config.task`` (datasets in task order);
+    LongBench's prompts longer than ``max_prompt_tokens`` are cut in the middle, open-QA ones are
+    built to fit (:func:`tuner.data.longbench.encode_prompt`)."""
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     examples: list[Example] = []
-    for dataset, recs in records.items():
-        spec = DATASETS[dataset]
-        chosen = split_records(recs, config.split, seed=config.split_seed)  # type: ignore[arg-type]
-        if config.n_examples is not None:
-            chosen = chosen[: config.n_examples]
-        limit = max_new_tokens(prompts, dataset)
+    for spec, records, prompts in _task_records(config, tokenizer, has_chat):
+        limit = max_new_tokens(prompts, spec.name)
         if config.max_new_tokens is not None:
             limit = min(limit, config.max_new_tokens)
-        for rec in chosen:
-            ids = _encode(
+        for rec in records:
+            ids = encode_prompt(
                 tokenizer,
                 build_prompt(rec, prompts),
                 spec.chat_template and has_chat,
@@ -117,7 +147,7 @@ def build_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
             )
             examples.append(
                 Example(
-                    dataset=dataset,
+                    dataset=spec.name,
                     record_id=rec.id,
                     input_ids=tuple(ids),
                     answers=tuple(rec.answers),
@@ -127,14 +157,28 @@ def build_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
                 )
             )
     if not examples:
-        raise ValueError(f"task {config.task!r} has no {config.split} examples in {source.describe()}")
+        raise ValueError(f"task {config.task!r} has no {config.split} examples in {_describe(config)}")
     return examples
+
+
+def _describe(config: EvalSettings) -> str:
+    specs = resolve_task(config.task, config.language)
+    where = []
+    if any(s.source == "longbench" for s in specs):
+        where.append(resolve_source(config.data_dir).describe())
+    if any(s.source == "openqa" for s in specs):
+        where.append(resolve_openqa_source(config.openqa_dir).describe())
+    return " and ".join(where)
 
 
 def data_fingerprint(config: EvalSettings) -> str:
     """Digest of the data a task reads (contents, not size + mtime, which would miss an edited copy)."""
-    source = resolve_source(config.data_dir)
-    return source.fingerprint([spec.name for spec in resolve_task(config.task, config.language)])
+    names = [spec.name for spec in longbench_specs(config.task, config.language)]
+    parts = [resolve_source(config.data_dir).fingerprint(names)] if names else []
+    built = openqa_specs(config.task, config.language)
+    if built:
+        parts.append(resolve_openqa_source(config.openqa_dir).fingerprint(built))
+    return "+".join(parts)
 
 
 @dataclass(frozen=True)
@@ -352,7 +396,7 @@ class BaselineCache:
 
 def score_prediction(example: Example, prediction: str) -> float:
     """``prediction`` scored by the example's LongBench metric (0-1)."""
-    spec = DATASETS[example.dataset]
+    spec = dataset_spec(example.dataset)
     classes = list(example.all_classes) if example.all_classes else None
     return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
 
@@ -397,7 +441,7 @@ class Evaluator:
             **{
                 k: v
                 for k, v in asdict(config.eval_only()).items()
-                if k not in ("data_dir", "trust_remote_code")
+                if k not in ("data_dir", "openqa_dir", "trust_remote_code")
             },
             "data": data_fingerprint(config),
             "lazyllm": lazyllm.__version__,
@@ -545,7 +589,7 @@ def by_category(items: Sequence[Item]) -> dict[str, list[Item]]:
     """Examples (or results) per LongBench category of their dataset, then ``"all"``."""
     groups: dict[str, list[Item]] = {}
     for item in items:
-        groups.setdefault(DATASETS[item.dataset].category, []).append(item)
+        groups.setdefault(dataset_spec(item.dataset).category, []).append(item)
     groups["all"] = list(items)
     return groups
 

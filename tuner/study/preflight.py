@@ -35,6 +35,7 @@ def check_tracking(uri: str) -> None:
 
 def check_search(settings: SearchSettings) -> None:
     """``tuner.search``: search space, data, storage, tracking store and registered-model name."""
+    from tuner.data.openqa import check_task
     from tuner.data.sources import resolve_source
     from tuner.study.spaces import load_space
     from tuner.study.stores import check_storage, check_tracking_store, sqlite_path
@@ -45,6 +46,7 @@ def check_search(settings: SearchSettings) -> None:
     # the model's context, when its config is on disk (else tuner.evaluation.runner.Evaluator checks the loaded one)
     check_context(settings.max_prompt_tokens, settings.max_new_tokens, _local_context(settings.model))
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
+    check_task(settings.task, settings.language, settings.openqa_dir)  # open-QA sources readable
     # a URL names an existing place; only the study folder (the default's, or one named in full) is ours
     named = sqlite_path(settings.storage_url)
     ours = named is not None and named.parent.resolve() == settings.study_dir.resolve()
@@ -111,8 +113,10 @@ def load_schedule(path: str | Path, flag: str = "--schedule") -> Schedule:
 
 def check_evaluate(settings: EvaluateSettings) -> Schedule | None:
     """``tuner.evaluate``: the schedule file and the data; returns the schedule (None if not given)."""
+    from tuner.data.openqa import check_task
     from tuner.data.sources import resolve_source
 
     schedule = load_schedule(settings.schedule) if settings.schedule else None
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)
+    check_task(settings.task, settings.language, settings.openqa_dir)
     return schedule

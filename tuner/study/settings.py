@@ -30,7 +30,7 @@ import yaml
 from lazyllm.methods import check_method, needs_schedule, parse_method_options
 from lazyllm.models import DEFAULT_MODEL
 from lazyllm.schedule import Revival
-from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task
+from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task, task_help
 from tuner.evaluation.speed import CLOCKS
 from tuner.study.samplers import check_sampler, sampler_names
 from tuner.study.strict_yaml import load_strict
@@ -101,7 +101,7 @@ class EvalSettings:
     """What to evaluate on; shared by ``tuner.search`` and ``tuner.evaluate``."""
 
     model: str = field(default=DEFAULT_MODEL, metadata=_help("alias, checkpoint folder or hub id"))
-    task: str = field(default="qa", metadata=_help("LongBench category, qa, dataset name or comma list"))
+    task: str = field(default="qa", metadata=_help(task_help()))
     language: str = field(default="en", metadata=_help("dataset language", choices=LANGUAGE_FILTERS))
     split: str = field(default="validation", metadata=_help("which split of each dataset", choices=SPLITS))
     split_seed: int = field(default=0, metadata=_help("seed of the hashed validation/test split"))
@@ -115,6 +115,12 @@ class EvalSettings:
         default=32, metadata=_help("cap on LongBench's per-dataset answer length (null = LongBench's own)")
     )
     data_dir: str | None = field(default=None, metadata=_help("LongBench folder (default: $LONGBENCH_DIR)"))
+    openqa_dir: str | None = field(
+        default=None,
+        metadata=_help(
+            "folder of HotpotQA/SQuAD JSON for the openqa tasks (default: $OPENQA_DIR, else the hub)"
+        ),
+    )
     trust_remote_code: bool = field(
         default=False, metadata=_help("allow a hub model's own Python code to run")
     )

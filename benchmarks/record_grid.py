@@ -1,0 +1,207 @@
+"""A resumable grid: task score and teacher-forced KL of hand-made schedules and peers, per example.
+
+    python benchmarks/record_grid.py [--task openqa] [--split validation] [--n-examples 200]
+        [--max-prompt-tokens 1024] [--openqa-dir DIR] [--minutes M] [--out FILE.jsonl]
+
+For every example of ``--task`` (``n_examples`` per dataset, built by the product,
+:class:`tuner.evaluation.runner.Evaluator`) and every schedule of the grid (families ``paper-style``:
+:func:`tuner.study.handmade.hand_made_grid` plus :meth:`lazyllm.Schedule.paper_style`; ``one-stage``:
+:func:`tuner.study.handmade.one_stage_grid`; ``gradual``: 25% or 40% pruned after each quarter of the
+depth; a schedule in two families keeps its first name; ``peers``: every :func:`lazyllm.methods.peer_names` method keeping 10/30/50% of the prompt),
+one JSON line is appended to ``--out``: the task score (:meth:`Evaluator.evaluate`), the unpruned
+score (the baseline), the mean teacher-forced KL per answer token in nats and top-1 agreement
+(:meth:`tuner.evaluation.fidelity.FidelityEvaluator.example_drift`; null for the peers, which are not
+LazyLLM engines), and the FLOP speedup of TTFT (:meth:`lazyllm.methods.Method.flop_speedup`).
+Every schedule runs with ``frozen`` revival, the study's default.
+
+Resumable across sessions: rows already in ``--out`` (by schedule and example) are skipped, a
+truncated last line (a run killed mid-write) is cut off first, and the unpruned answers and the
+fidelity references live in ``--cache`` (keyed by the settings, so a rerun reuses them). The schedules are written once to
+``<out>.schedules.json``; a rerun whose grid differs under the same names stops. Examples are done
+in chunks of ``--chunk`` (the baseline is computed per chunk), schedules within a chunk; ``--minutes``
+stops after the current row once that much time is spent. Prints the rate (rows per minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lazyllm import LazyLLM, Schedule, load_model
+from lazyllm.flops import ModelDims
+from lazyllm.methods import METHODS, make_method, peer_names
+from tuner.evaluation.fidelity import FidelityEvaluator
+from tuner.evaluation.runner import Evaluator, Example
+from tuner.study.handmade import hand_made_grid, one_stage_grid
+from tuner.study.settings import EvalSettings
+
+PEER_KEEPS = (0.1, 0.3, 0.5)
+
+
+def grid(model: str, layers: int) -> dict[str, tuple[str, str, Schedule | None, dict[str, float]]]:
+    """name -> (family, method, schedule or None, method options)."""
+    out: dict[str, tuple[str, str, Schedule | None, dict[str, float]]] = {}
+    paper = {"paper-style default": Schedule.paper_style(model, layers), **hand_made_grid(model, layers)}
+    quarters = sorted({max(1, round(i * layers / 4)) for i in (1, 2, 3)} - {layers - 1})
+    gradual = {f"gradual {pct}% after each quarter": Schedule.from_layers(model, layers, dict.fromkeys(quarters, pct)) for pct in (25, 40)}  # fmt: skip
+    for family, schedules in (("paper-style", paper), ("one-stage", one_stage_grid(model, layers)), ("gradual", gradual)):  # fmt: skip
+        for name, schedule in schedules.items():
+            frozen = schedule.with_revival("frozen")
+            if all(frozen != s for _, _, s, _ in out.values()):  # one name per schedule (the first)
+                out[name] = (family, "lazyllm", frozen, {})
+    for peer in peer_names():
+        knob = METHODS[peer].size_knob
+        assert knob is not None
+        for keep in PEER_KEEPS:
+            out[f"{peer} {knob}={keep}"] = ("peers", peer, None, {knob: keep})
+    return out
+
+
+def read_rows(path: Path) -> set[tuple[str, str]]:
+    """(schedule, example) of the rows in ``path``; a truncated last line is cut off the file."""
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    done: set[tuple[str, str]] = set()
+    good = 0
+    for line in data.splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+            if not line.endswith(b"\n"):
+                raise ValueError("no newline")
+        except ValueError:
+            if good + len(line) < len(data):
+                raise SystemExit(
+                    f"{path}: a bad line in the middle at byte {good}; fix or move the file"
+                ) from None
+            print(f"{path}: cutting a truncated last line ({len(line)} bytes)")
+            with path.open("r+b") as f:
+                f.truncate(good)
+            break
+        done.add((row["schedule"], row["example"]))
+        good += len(line)
+    return done
+
+
+def check_schedules(path: Path, table: dict[str, Any]) -> None:
+    """Write the grid beside the rows once; a rerun with other schedules under the same names stops."""
+    if path.exists():
+        old = json.loads(path.read_text())
+        clash = [n for n in table if n in old and old[n] != table[n]]
+        if clash:
+            raise SystemExit(
+                f"{path}: schedule {clash[0]!r} differs from the recorded one; use another --out"
+            )
+        table = {**old, **table}
+    path.write_text(json.dumps(table, indent=1, sort_keys=True))
+
+
+def view(evaluator: Evaluator, examples: list[Example]) -> Evaluator:
+    """The evaluator on some of its examples (model, engine and baseline cache shared)."""
+    part = copy.copy(evaluator)
+    part.examples = examples
+    return part
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--task", default="openqa")
+    p.add_argument("--split", default="validation", choices=("validation", "test"))
+    p.add_argument("--n-examples", type=int, default=200, help="examples per dataset")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--openqa-dir", default=None)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--chunk", type=int, default=4, help="examples whose baseline is computed together")
+    p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (2 threads on a shared 2-core CPU run slower)"
+    )
+    p.add_argument("--out", default=None)
+    p.add_argument("--cache", default="runs/record-grid-cache", help="unpruned answers and references")
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    out = Path(
+        args.out
+        or f"benchmarks/data/grid-{args.model}-{args.task}-{args.split}-{args.max_prompt_tokens}.jsonl"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = read_rows(out)
+    model, tokenizer = load_model(args.model, device="cpu")
+    layers = int(model.config.num_hidden_layers)
+    dims = ModelDims.from_config(model.config)
+    table = grid(args.model, layers)
+    check_schedules(
+        out.with_suffix(".schedules.json"),
+        {n: {"family": f, "method": m, "options": o, "schedule": s.to_json() if s else None} for n, (f, m, s, o) in table.items()},
+    )  # fmt: skip
+    config = EvalSettings(
+        model=args.model, task=args.task, split=args.split, n_examples=args.n_examples,
+        max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+        data_dir=args.data_dir, openqa_dir=args.openqa_dir,
+    )  # fmt: skip
+    evaluator = Evaluator(model, tokenizer, config, Path(args.cache), progress=False)
+    fidelity = FidelityEvaluator(evaluator)
+    generators = {n: make_method(m, model, tokenizer, s, options=o) for n, (_, m, s, o) in table.items()}
+    engines = {
+        n: LazyLLM(model, s, tokenizer=tokenizer) for n, (_, _, s, _) in table.items() if s is not None
+    }
+    todo = [ex for ex in evaluator.examples if any((n, ex.key) not in done for n in table)]
+    print(
+        f"{len(evaluator.examples)} examples x {len(table)} schedules; {len(done)} rows in {out}, {len(todo)} examples to do"
+    )
+
+    start, written = time.monotonic(), 0
+    deadline = None if args.minutes is None else start + 60 * args.minutes
+    with out.open("a", encoding="utf-8") as sink:
+        for c in range(0, len(todo), args.chunk):
+            chunk = view(evaluator, todo[c : c + args.chunk])
+            base = chunk.baseline()
+            chunk_fid = copy.copy(fidelity)
+            chunk_fid.evaluator = chunk
+            refs = chunk_fid.references()
+            for name, (family, method, schedule, options) in table.items():
+                for ex in chunk.examples:
+                    if (name, ex.key) in done:
+                        continue
+                    if deadline is not None and time.monotonic() > deadline:
+                        return report(start, written, out)
+                    (result,), _ = view(chunk, [ex]).evaluate(name, generators[name])
+                    drift = (
+                        fidelity.example_drift(engines[name], ex, refs[ex.key]) if name in engines else None
+                    )
+                    row = {
+                        "schedule": name, "family": family, "method": method, "example": ex.key,
+                        "dataset": ex.dataset, "prompt_tokens": len(ex.input_ids),
+                        "score": result.score, "baseline_score": float(base[ex.key]["score"]),
+                        "kl_nats_per_token": None if drift is None else drift.kl,
+                        "top1_agreement": None if drift is None else drift.top1,
+                        "flop_speedup": METHODS[method].flop_speedup(dims, len(ex.input_ids), schedule, options),
+                        "new_tokens": result.new_tokens, "prediction": result.prediction,
+                        "baseline_prediction": base[ex.key]["prediction"], "answers": list(ex.answers),
+                    }  # fmt: skip
+                    sink.write(json.dumps(row) + "\n")
+                    sink.flush()
+                    written += 1
+    return report(start, written, out)
+
+
+def report(start: float, written: int, out: Path) -> int:
+    minutes = (time.monotonic() - start) / 60
+    print(
+        f"wrote {written} rows to {out} in {minutes:.1f} min: {written / max(minutes, 1e-9):.1f} rows/minute"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
