@@ -116,6 +116,48 @@ def load_grid(path: Path) -> list[GridSchedule]:
     return out
 
 
+def load_example_rows(validation: Path, test: Path) -> list[GridSchedule]:
+    """The schedules of ``benchmarks/record_grid.py``'s per-example rows (one file per split, each with
+    its ``<file>.schedules.json``): LazyLLM schedules with a KL only (a peer method has none, so a
+    fidelity study could not rank it), on the examples every such schedule has in both files (a grid
+    still being recorded is replayed on what it holds)."""
+    schedules = json.loads(validation.with_suffix(".schedules.json").read_text())
+    rows: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}  # split -> schedule -> example -> row
+    for split, path in (("validation", validation), ("test", test)):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                if r.get("kl_nats_per_token") is not None:
+                    rows.setdefault(split, {}).setdefault(r["schedule"], {})[r["example"]] = r
+    names = [
+        n for n, s in schedules.items() if s.get("schedule") and all(n in rows.get(sp, {}) for sp in rows)
+    ]
+    if len(rows) < 2 or not names:
+        raise ValueError(f"{validation} and {test}: no LazyLLM schedule recorded on both splits")
+    out = []
+    for name in names:
+        keys = {sp: set.intersection(*(set(rows[sp][n]) for n in names)) for sp in rows}
+        val = {k: rows["validation"][name][k] for k in sorted(keys["validation"])}
+        tst = [rows["test"][name][k] for k in sorted(keys["test"])]
+        if not val or not tst:
+            raise ValueError(f"{validation} and {test}: the schedules share no example of one split")
+        loss = estimate(
+            [100.0 * (r["baseline_score"] - r["score"]) for r in tst],
+            macro_weights([r["dataset"] for r in tst]),
+        ).value
+        datasets = {k: r["dataset"] for k, r in val.items()} | {
+            f"test:{r['example']}": r["dataset"] for r in tst
+        }
+        out.append(
+            GridSchedule(
+                name, Schedule.from_json(schedules[name]["schedule"]), float(next(iter(val.values()))["flop_speedup"]),
+                {k: (float(r["kl_nats_per_token"]), 100.0 * (r["baseline_score"] - r["score"])) for k, r in val.items()},
+                datasets, loss,
+            )
+        )  # fmt: skip
+    return out
+
+
 def draw_keys(
     pool: Sequence[str], datasets: Mapping[str, str], n: int, rng: np.random.Generator
 ) -> list[str]:
@@ -217,12 +259,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=str(Path(__file__).parent / "data" / "objective_noise_512.rows.jsonl"),
         help="per-schedule rows with validation and test examples (default: the committed 20-schedule grid)",
     )
+    p.add_argument(
+        "--test-rows",
+        default=None,
+        help="with per-example rows of benchmarks/record_grid.py: --rows is the validation file, this the test one",
+    )
     p.add_argument("--budget", type=float, default=2.0, help="task-score points")
     p.add_argument("--sizes", default=None, help="validation sizes n to draw (default: the pool's size)")
     p.add_argument("--resamples", type=int, default=500)
     p.add_argument("--out", default=None, help="also write the results as JSON here (dated)")
     args = p.parse_args(argv)
-    grid = load_grid(Path(args.rows))
+    grid = (
+        load_example_rows(Path(args.rows), Path(args.test_rows))
+        if args.test_rows
+        else load_grid(Path(args.rows))
+    )
     pool = len(grid[0].validation)
     n_test = len({k for g in grid[:1] for k in g.datasets}) - pool
     sizes = [pool] if args.sizes is None else [int(s) for s in args.sizes.split(",")]

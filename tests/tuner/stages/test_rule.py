@@ -89,3 +89,29 @@ def test_the_benchmark_replays_the_products_rule(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(rule, "judge", lambda kl, calibration, budget: (kl == 0, "broken"))
     after = bench.replay(grid, 2.0, [10], resamples=4, settings=setting)[0]
     assert after["most_common_pick"] == "0" and after["speed_kept"] < before["speed_kept"]
+
+
+def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> None:
+    """benchmarks/record_grid.py's rows (one file per split): LazyLLM schedules with a KL, on the
+    examples every schedule holds in both files."""
+    import json
+
+    bench = _benchmark()
+    table = {
+        "keep-all": {"schedule": Schedule.keep_all("m", 4).to_json()},
+        "half": {"schedule": Schedule("m", (0.0, 50.0, 0.0, 0.0)).to_json()},
+        "peer": {"schedule": None},
+    }
+    for split in ("validation", "test"):
+        lines = []
+        for name, kl, score in (("keep-all", 0.0, 0.5), ("half", 0.1, 0.25), ("peer", None, 0.0)):
+            for i in range(3 if split == "test" or name != "half" else 2):  # "half" lacks one example
+                lines.append({"schedule": name, "example": f"d/{split}{i}", "dataset": "d", "score": score,
+                              "baseline_score": 0.5, "kl_nats_per_token": kl, "flop_speedup": 1.0 + (kl or 0)})  # fmt: skip
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (tmp_path / "validation.schedules.json").write_text(json.dumps(table))
+    grid = bench.load_example_rows(tmp_path / "validation.jsonl", tmp_path / "test.jsonl")
+    assert [g.name for g in grid] == ["keep-all", "half"]  # the peer has no KL
+    half = grid[1]
+    assert sorted(half.validation) == ["d/validation0", "d/validation1"]  # the shared examples only
+    assert half.validation["d/validation0"] == (0.1, 25.0) and half.test_loss == pytest.approx(25.0)
