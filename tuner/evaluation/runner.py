@@ -67,7 +67,7 @@ from tuner.evaluation.speed import (
     resolve_clock,
 )
 from tuner.statistics.bootstrap import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
-from tuner.study.preflight import check_context, model_context
+from tuner.study.context import check_context, model_context
 from tuner.study.settings import EvalSettings
 
 

@@ -3,6 +3,7 @@ carries its unit and every task-score number its n and interval."""
 
 from __future__ import annotations
 
+from tuner.report.heldout import verdict
 from tuner.study.outcome import StudyOutcome
 
 _TIMED = {"measured": "TTFT", "total": "generation", "flops": "FLOP"}
@@ -43,7 +44,7 @@ def summary_lines(outcome: StudyOutcome) -> list[str]:
                 f"(FLOP {row.test_flop_speedup:.2f}x) / task loss {row.test_loss.text()} "
                 f"score points (score {row.test_score:.2f} vs {row.test_baseline_score:.2f})"
             )
-        out += [f"  {line}" for line in outcome.heldout.verdicts]
+        out += [f"  {verdict(c)}" for c in outcome.heldout.comparisons]
     if outcome.decision:
         out += ["", outcome.decision]
     return out

@@ -34,6 +34,7 @@ from typing import Any
 
 from lazyllm.atomic import replace_with, write_atomic
 from tuner.report.figure import save_figure
+from tuner.report.heldout import heldout_json
 from tuner.report.plots import (
     calibration_figure,
     keep_curve_schedules,
@@ -152,7 +153,7 @@ def _write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
     if outcome.confirmation is not None:
         written.append(_json(out_dir / "confirmation.json", outcome.confirmation.to_dict()))
     if outcome.heldout is not None:
-        written.append(_json(out_dir / "heldout.json", outcome.heldout.to_dict()))
+        written.append(_json(out_dir / "heldout.json", heldout_json(outcome.heldout)))
     if outcome.complete:
         note = outcome.sample_note()
         schedules, emphasis = keep_curve_schedules(outcome)

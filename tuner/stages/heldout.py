@@ -126,6 +126,24 @@ class HeldoutRow:
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """The paired test-loss difference of two schedules (``loss(label) - loss(other)``, score points);
+    :func:`tuner.report.heldout.verdict` says it in words."""
+
+    label: str
+    other: str
+    difference: Estimate
+
+    @property
+    def told_apart(self) -> bool:
+        """Whether the interval of the difference excludes 0."""
+        return not self.difference.low <= 0.0 <= self.difference.high
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "other": self.other, "difference": self.difference.to_dict()}
+
+
+@dataclass(frozen=True)
 class HeldoutReport:
     """The held-out stage's outcome."""
 
@@ -135,7 +153,7 @@ class HeldoutReport:
     best_hand_made: dict[str, Candidate]
     hand_made_validation: dict[str, list[Candidate]]
     rows: tuple[HeldoutRow, ...]
-    verdicts: tuple[str, ...]
+    comparisons: tuple[Comparison, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,24 +166,19 @@ class HeldoutReport:
             },
             "best_hand_made": {f: c.name for f, c in self.best_hand_made.items()},
             "rows": [r.to_dict(self.budget, self.search_unit) for r in self.rows],
-            "verdicts": list(self.verdicts),
+            "comparisons": [c.to_dict() for c in self.comparisons],
         }
 
 
-def verdict(label: str, other: str, rec: list[ExampleResult], hand: list[ExampleResult], level: float) -> str:
-    """One sentence comparing two schedules' test losses on the same examples."""
+def compare(
+    label: str, other: str, rec: list[ExampleResult], hand: list[ExampleResult], level: float
+) -> Comparison:
+    """Two schedules' test losses on the same examples, paired: ``loss(label) - loss(other)``."""
     diff = paired_estimate(
         [100.0 * r.score for r in hand], [100.0 * r.score for r in rec], macro_weights([r.dataset for r in rec]),
         level=level,
     )  # fmt: skip  # loss(label) - loss(other), in score points
-    span = f"({diff.level:.0%} interval {diff.low:+.2f} to {diff.high:+.2f}, n={diff.n})"
-    if diff.low <= 0.0 <= diff.high:
-        return (
-            f"{label} and {other} cannot be told apart on test accuracy: loss difference "
-            f"{diff.value:+.2f} score points {span}"
-        )
-    better = label if diff.value < 0 else other
-    return f"{better} loses less on test: loss difference ({label} - {other}) {diff.value:+.2f} score points {span}"
+    return Comparison(label, other, diff)
 
 
 @dataclass(frozen=True)
@@ -274,10 +287,10 @@ def heldout_check(
     todo = entries(recommended, task_loss, best)
     rows, results = evaluate_on_test(runner, todo)
     level = runner.settings.confidence
-    verdicts: tuple[str, ...] = ()
+    comparisons: tuple[Comparison, ...] = ()
     if "recommended" in results:
-        verdicts = tuple(
-            verdict("recommended", e.label, results["recommended"], results[e.label], level) for e in todo[1:]
+        comparisons = tuple(
+            compare("recommended", e.label, results["recommended"], results[e.label], level) for e in todo[1:]
         )
     return HeldoutReport(
         level=level,
@@ -286,5 +299,5 @@ def heldout_check(
         best_hand_made=best,
         hand_made_validation=seen,
         rows=tuple(rows),
-        verdicts=verdicts,
+        comparisons=comparisons,
     )

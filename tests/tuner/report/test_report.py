@@ -17,7 +17,7 @@ from tuner.report.console import summary_lines
 from tuner.report.files import write_outcome
 from tuner.report.plots import calibration_figure, keep_curve_schedules, pareto_figure
 from tuner.stages.confirm import CandidateResult, Confirmation
-from tuner.stages.heldout import Candidate, HeldoutReport, HeldoutRow
+from tuner.stages.heldout import Candidate, Comparison, HeldoutReport, HeldoutRow
 from tuner.statistics.bootstrap import Estimate
 from tuner.statistics.calibration import Calibration
 from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
@@ -61,7 +61,15 @@ def _heldout(outcome: StudyOutcome) -> HeldoutReport:
             (f"best paper-style ({pick.name})", hand, 1.3, 0.03, None),
         )
     )
-    return HeldoutReport(0.9, 2.0, "nats", {"paper-style": pick}, {"paper-style": [pick]}, rows, ("v",))
+    return HeldoutReport(
+        0.9,
+        2.0,
+        "nats",
+        {"paper-style": pick},
+        {"paper-style": [pick]},
+        rows,
+        (Comparison("recommended", "best paper-style", _est(-1.0)),),
+    )
 
 
 def test_pareto_axis_and_budget_line_come_from_the_loss() -> None:

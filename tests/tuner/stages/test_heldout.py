@@ -6,8 +6,9 @@ import pytest
 
 from lazyllm.schedule import Revival
 from tuner.evaluation.runner import ExampleResult, loss_estimate, macro_score, summarize
+from tuner.report.heldout import verdict
 from tuner.search import parse_settings
-from tuner.stages.heldout import verdict
+from tuner.stages.heldout import compare
 from tuner.study.handmade import families, hand_made_grid, one_stage_grid
 
 
@@ -35,10 +36,10 @@ def test_hand_made_schedules_take_the_study_revival() -> None:
 def test_verdict_says_when_two_schedules_cannot_be_told_apart() -> None:
     rec = [_r("a", s, i) for i, s in enumerate([1.0, 0.0, 1.0, 0.0, 1.0, 0.0])]
     same_ish = [_r("a", s, i) for i, s in enumerate([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])]
-    text = verdict("recommended", "hand", rec, same_ish, 0.9)
+    text = verdict(compare("recommended", "hand", rec, same_ish, 0.9))
     assert "cannot be told apart" in text and "n=6" in text
     worse = [_r("a", 0.0, i) for i in range(6)]
-    text = verdict("recommended", "hand", rec, worse, 0.9)
+    text = verdict(compare("recommended", "hand", rec, worse, 0.9))
     assert text.startswith("recommended loses less") and "-50.00 score points" in text
 
 

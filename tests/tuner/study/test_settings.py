@@ -250,7 +250,7 @@ def test_the_loaded_models_context_is_checked_too(tiny_folder: Path) -> None:
     from lazyllm.models import load_model
     from tests.support import longbench_dir
     from tuner.evaluation.runner import Evaluator
-    from tuner.study.preflight import check_context
+    from tuner.study.context import check_context
 
     model, tokenizer = load_model(str(tiny_folder))
     config = EvalSettings(
