@@ -44,7 +44,7 @@ class IncrementalText:
 
     def piece(self, generated: list[int]) -> str:
         """The new text that is certain after ``generated`` (possibly ``""``)."""
-        text: str = self.stop.tokenizer.decode(generated, skip_special_tokens=True)
+        text = self.stop.text(generated) or ""  # cut before a stop string the last token completed
         stable = text[: max(0, len(text) - self.hold)].rstrip("\ufffd").rstrip()
         if len(stable) <= len(self.sent) or not stable.startswith(self.sent):
             return ""
