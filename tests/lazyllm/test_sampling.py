@@ -113,3 +113,22 @@ def test_sampling_settings_are_checked() -> None:
         "RepetitionPenaltyLogitsProcessor", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
     ]  # fmt: skip
     assert len(Sampling(temperature=0.5, top_k=3).processors()) == 0  # warpers only apply when sampling
+
+
+@pytest.mark.integration
+def test_smollm2_keep_all_with_a_seed_equals_transformers_generate(smollm2: tuple[Any, Any]) -> None:
+    model, tokenizer = smollm2
+    text = (
+        "The harbour town kept its lighthouse lit every night of the year. " * 20
+        + "What did the town keep lit?"
+    )
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    engine = LazyLLM(model, Schedule.keep_all("smollm2-135m", 30), tokenizer=tokenizer)
+    for decoding in (
+        dict(do_sample=False, repetition_penalty=1.2),
+        dict(do_sample=True, temperature=0.7, top_k=50, top_p=0.9),
+        dict(do_sample=True, temperature=1.4, top_k=0, top_p=1.0),
+    ):
+        theirs = hf_generate(model, ids, 24, 4, **decoding)
+        ours = engine.generate(ids, max_new_tokens=24, eos_token_id=[], seed=4, **decoding)
+        assert ours.token_ids == theirs, decoding
