@@ -13,6 +13,12 @@ Reported per method: TTFT speedup and total speedup over the baseline, decode ms
 ((total - TTFT) / (new tokens - 1), median), share of prompt (token, layer) pairs computed over the
 whole generation, revived (token, layer) pairs per decoding step, and whether the tokens equal the
 baseline's.
+
+``--decoding`` measures instead what the decoding strategy costs, through the product's own calls:
+for keep-all and one pruning schedule with ``frozen`` revival, ``generate`` greedy, ``generate``
+sampling (temperature 0.7, top-k 50, top-p 0.9, a seed) and ``stream`` (greedy, every piece taken),
+in shuffled order within each round. Reported per row: TTFT (s) and decode ms/token (medians), and
+their ratios to greedy on the same schedule, paired within a round (1.00: costs nothing).
 """
 
 from __future__ import annotations
@@ -106,6 +112,78 @@ def engine_run(engine: LazyLLM, ids: torch.Tensor, new_tokens: int) -> Run:
     )
 
 
+SAMPLED: dict[str, Any] = dict(do_sample=True, temperature=0.7, top_k=50, top_p=0.9, seed=0)
+DECODINGS = ("greedy", "sampling", "streaming")
+
+
+def decoding_run(engine: LazyLLM, ids: torch.Tensor, new_tokens: int, how: str) -> Run:
+    """One generation of exactly ``new_tokens`` tokens, greedy, sampled or streamed (greedy)."""
+    if how == "streaming":
+        stream = engine.stream(ids, max_new_tokens=new_tokens, eos_token_id=[])
+        for _ in stream:
+            pass
+        r = stream.result
+    else:
+        options = SAMPLED if how == "sampling" else {}
+        r = engine.generate(ids, max_new_tokens=new_tokens, eos_token_id=[], **options)
+    return Run(r.ttft_s, r.total_s, r.token_ids, r.prompt_computed_fraction)
+
+
+def decoding_table(
+    args: argparse.Namespace, model: Any, tokenizer: Any, ids: torch.Tensor
+) -> list[dict[str, Any]]:
+    """Greedy vs sampling vs streaming, side by side (see the module docstring)."""
+    layers = int(model.config.num_hidden_layers)
+    pruned = schedules(args.model, layers)["progressive-30%"].with_revival("frozen")
+    engines = {
+        "keep-all": LazyLLM(model, Schedule.keep_all(args.model, layers), tokenizer=tokenizer),
+        "progressive-30% frozen": LazyLLM(model, pruned, tokenizer=tokenizer),
+    }
+    rng = random.Random(args.seed)
+    rows = []
+    for new_tokens in args.new_tokens:
+        decoding_run(engines["keep-all"], ids, 2, "greedy")  # warm-up
+        runs = [(e, how) for e in engines for how in DECODINGS]
+        results: dict[tuple[str, str], list[Run]] = {k: [] for k in runs}
+        for _ in range(args.rounds):
+            order = list(runs)
+            rng.shuffle(order)
+            for name, how in order:
+                results[(name, how)].append(decoding_run(engines[name], ids, new_tokens, how))
+        print(
+            f"\nmodel {args.model}, prompt {ids.shape[1]} tokens, {new_tokens} new tokens, {args.rounds} "
+            f"paired rounds, threads {torch.get_num_threads()}; median [min-max] over rounds; "
+            "ratio = this / greedy on the same schedule (1.00: costs nothing)"
+        )
+        print(f"| {'schedule':<24} | {'decoding':<9} | TTFT s | decode ms/tok | {'TTFT / greedy':<17} "
+              f"| {'decode / greedy':<17} | prompt pairs % |")  # fmt: skip
+        print(f"|{'-' * 26}|{'-' * 11}|--------|---------------|{'-' * 19}|{'-' * 19}|----------------|")
+        for (name, how), rs in results.items():
+            greedy = results[(name, "greedy")]
+            per_tok = [(r.total_s - r.ttft_s) / (new_tokens - 1) for r in rs]
+            greedy_tok = [(g.total_s - g.ttft_s) / (new_tokens - 1) for g in greedy]
+            ttft_ratio = [r.ttft_s / g.ttft_s for r, g in zip(rs, greedy)]
+            decode_ratio = [a / b for a, b in zip(per_tok, greedy_tok)]
+            row = {
+                "schedule": name,
+                "decoding": how,
+                "new_tokens": new_tokens,
+                "rounds": args.rounds,
+                "ttft_s": statistics.median(r.ttft_s for r in rs),
+                "decode_ms_per_token": 1000 * statistics.median(per_tok),
+                "ttft_ratio_to_greedy": statistics.median(ttft_ratio),
+                "ttft_ratio_range": [min(ttft_ratio), max(ttft_ratio)],
+                "decode_ratio_to_greedy": statistics.median(decode_ratio),
+                "decode_ratio_range": [min(decode_ratio), max(decode_ratio)],
+                "prompt_computed_pct": 100 * rs[-1].prompt_computed,
+            }
+            rows.append(row)
+            print(f"| {name:<24} | {how:<9} | {row['ttft_s']:>6.3f} | {row['decode_ms_per_token']:>13.1f} "
+                  f"| {spread(ttft_ratio):<17} | {spread(decode_ratio):<17} "
+                  f"| {row['prompt_computed_pct']:>14.1f} |", flush=True)  # fmt: skip
+    return rows
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -120,11 +198,20 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="methods to run besides the baseline (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--decoding", action="store_true", help="greedy vs sampling vs streaming instead of vs transformers"
+    )
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
     layers = int(model.config.num_hidden_layers)
     ids = prompt_ids(tokenizer, args.tokens).to(next(model.parameters()).device)
+    if args.decoding:
+        rows = decoding_table(args, model, tokenizer, ids)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
     engines = {"keep-all engine": LazyLLM(model, Schedule.keep_all(args.model, layers))}
     for name, schedule in schedules(args.model, layers).items():
         for policy in args.policies:

@@ -6,7 +6,9 @@ The engine only: no Optuna or MLflow imports here (those live in :mod:`tuner`).
 from lazyllm.engine import GenerationResult, GenerationTrace, LazyLLM, PrefillResult
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
+from lazyllm.sampling import Sampling
 from lazyllm.schedule import Revival, Schedule, num_pruned
+from lazyllm.streaming import TextStream
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -17,7 +19,9 @@ __all__ = [
     "ModelLoadError",
     "PrefillResult",
     "Revival",
+    "Sampling",
     "Schedule",
+    "TextStream",
     "flop_speedup",
     "load_model",
     "num_pruned",

@@ -47,20 +47,23 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 
 from lazyllm.architectures import DecoderStack, PositionEmbeddings, decoder_stack
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers, query_key_mask
 from lazyllm.models import model_name
+from lazyllm.sampling import Sampling
 from lazyllm.schedule import Revival, Schedule, num_pruned
 from lazyllm.scoring import Scoring
 from lazyllm.selectors import ScoringSelector, TokenSelector
 from lazyllm.state import GenerationState
-from lazyllm.text import StopCriteria, caller_stacklevel, encode_prompt
+from lazyllm.streaming import IncrementalText, TextStream
+from lazyllm.text import Prompt, StopCriteria, caller_stacklevel, encode_prompt, is_messages
 from lazyllm.timing import synchronize
 
 
@@ -167,7 +170,8 @@ class GenerationResult:
         token_ids: generated ids (stop string / EOS included as generated, text cut at a stop string).
         text: decoded generation, when a tokenizer is known.
         prompt_tokens: prompt length N.
-        ttft_s: seconds from the call to the first token (prefill + first argmax).
+        ttft_s: seconds from the call to the first token (prefill + choosing it); for a stream, to
+            the first piece of text handed to the caller.
         total_s: seconds for the whole generation.
         finish_reason: "eos", "stop_string" or "length".
         prompt_computed_per_layer: share of prompt tokens each layer computed by the end (paper Fig. 7).
@@ -179,6 +183,7 @@ class GenerationResult:
         revived_pairs: (token, layer) pairs decoding steps computed besides their new tokens.
         step_logits: ``[vocab]`` float32 logits of each step, when asked for.
         trace: what every pass computed, when asked for (``generate(..., trace=True)``).
+        sampling: the decoding strategy the tokens were chosen by (greedy unless asked).
     """
 
     token_ids: list[int]
@@ -196,6 +201,7 @@ class GenerationResult:
     revived_pairs: int = 0
     step_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
     trace: GenerationTrace | None = field(default=None, repr=False)
+    sampling: Sampling = field(default_factory=Sampling)
 
     @property
     def prompt_computed_fraction(self) -> float:
@@ -772,10 +778,9 @@ class LazyLLM:
             next_input = torch.tensor([[int(forced[step])]], device=ids.device)
         return torch.stack(rows)
 
-    @torch.inference_mode()
     def generate(
         self,
-        prompt: str | torch.Tensor | list[int],
+        prompt: Prompt,
         *,
         max_new_tokens: int = 64,
         chat: bool = False,
@@ -783,28 +788,122 @@ class LazyLLM:
         stop_strings: list[str] | tuple[str, ...] = (),
         return_logits: bool = False,
         trace: bool = False,
+        generation_config: Sampling | GenerationConfig | None = None,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        seed: int | None = None,
     ) -> GenerationResult:
-        """Greedy decoding with LazyLLM pruning in the prefill and at every step.
+        """Decoding with LazyLLM pruning in the prefill and at every step (greedy unless told to sample).
 
         Args:
-            prompt: text (needs a tokenizer) or token ids ``[N]`` / ``[1, N]``.
+            prompt: text (needs a tokenizer), token ids ``[N]`` / ``[1, N]``, or chat messages
+                ``[{"role": ..., "content": ...}, ...]`` (rendered by the tokenizer's chat template).
             max_new_tokens: at most this many new tokens.
             chat: wrap a text prompt as a user turn of the tokenizer's chat template.
             eos_token_id: stop at these ids (default: the tokenizer's / generation config's EOS).
             stop_strings: stop once the decoded text contains one of these; the text is cut before it.
-            return_logits: keep every step's logits in the result.
+            return_logits: keep every step's logits (before any processor) in the result.
             trace: record what every pass computed in ``result.trace`` (small overhead; for tests).
+            generation_config: a :class:`~lazyllm.sampling.Sampling` or a ``transformers.GenerationConfig``
+                (its decoding fields); the keyword arguments below override it.
+            do_sample, temperature, top_k, top_p, repetition_penalty, seed: transformers' names and
+                meaning (:mod:`lazyllm.sampling`). The pruning is the same whatever they are.
         """
+        sampling = Sampling.resolve(
+            generation_config, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+            repetition_penalty=repetition_penalty, seed=seed,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        ids, stop = self._prepare(prompt, max_new_tokens, chat, eos_token_id, stop_strings)
+        steps = self._decode(ids, stop, t0, max_new_tokens, sampling, return_logits, trace)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: GenerationResult = done.value
+                return result
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 64,
+        chat: bool = False,
+        eos_token_id: int | list[int] | None = None,
+        stop_strings: list[str] | tuple[str, ...] = (),
+        generation_config: Sampling | GenerationConfig | None = None,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        seed: int | None = None,
+    ) -> TextStream:
+        """:meth:`generate`, yielding the text as it is decoded (needs a tokenizer).
+
+        Iterate the returned :class:`~lazyllm.streaming.TextStream` for the pieces (their concatenation
+        is ``generate``'s ``text`` for the same arguments and seed); its ``result`` is the
+        :class:`GenerationResult` once the stream is exhausted, with ``ttft_s`` the seconds from this
+        call to the first piece. The arguments are checked here, before the first piece is asked for.
+        """
+        if self.tokenizer is None:
+            raise ValueError("stream() needs a tokenizer: LazyLLM(model, schedule, tokenizer=tokenizer)")
+        sampling = Sampling.resolve(
+            generation_config, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+            repetition_penalty=repetition_penalty, seed=seed,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        ids, stop = self._prepare(prompt, max_new_tokens, chat, eos_token_id, stop_strings)
+        steps = self._decode(ids, stop, t0, max_new_tokens, sampling, False, False)
+        return TextStream(steps, IncrementalText(stop), t0)
+
+    def generate_many(self, prompts: Sequence[Prompt], **options: Any) -> list[GenerationResult]:
+        """:meth:`generate` of each prompt in turn, with the same keyword arguments (a seed seeds each
+        prompt alike: result ``i`` equals ``generate(prompts[i], **options)``).
+
+        Sequential: the engine decodes one sequence at a time (batch size 1), which keeps every
+        prompt's pruning its own; several prompts cost the sum of their times.
+        """
+        if isinstance(prompts, str) or is_messages(prompts):
+            raise ValueError("generate_many takes a list of prompts; call generate for a single one")
+        return [self.generate(p, **options) for p in prompts]
+
+    def _prepare(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int,
+        chat: bool,
+        eos_token_id: int | list[int] | None,
+        stop_strings: Sequence[str],
+    ) -> tuple[torch.Tensor, StopCriteria]:
+        """The prompt's ids ``[1, N]`` (cut to the context) and the stopping rule, checked."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens = {max_new_tokens}: must be >= 1")
-        t0 = time.perf_counter()
         ids = self._fit_context(
             self._as_input_ids(encode_prompt(self.tokenizer, prompt, chat=chat)), max_new_tokens
         )
+        return ids, StopCriteria.build(self.model, self.tokenizer, eos_token_id, stop_strings)
+
+    @torch.inference_mode()
+    def _decode(
+        self,
+        ids: torch.Tensor,
+        stop: StopCriteria,
+        t0: float,
+        max_new_tokens: int,
+        sampling: Sampling,
+        return_logits: bool,
+        trace: bool,
+    ) -> Generator[list[int], None, GenerationResult]:
+        """The decoding loop over ``ids`` ``[1, N]``: yields the tokens so far after each new one and
+        returns the :class:`GenerationResult` (``t0``: when the call began, for TTFT and total)."""
         n = ids.shape[1]
-        stop = StopCriteria.build(self.model, self.tokenizer, eos_token_id, stop_strings)
-        gen = self._begin(ids, n + max_new_tokens, store_kv=True, trace=trace)
         generated: list[int] = []
+        gen = self._begin(ids, n + max_new_tokens, store_kv=True, trace=trace)
+        picker = None if sampling.greedy else sampling.picker(ids, max_new_tokens)
         logits_kept: list[torch.Tensor] = []
         usage: list[tuple[int, torch.Tensor | None]] = []  # per step: host part, device part
         finish = "length"
@@ -812,7 +911,12 @@ class LazyLLM:
         next_input, start = ids, 0
         for step in range(max_new_tokens):
             logits = self._forward(gen, next_input, start)
-            token = int(logits[0].argmax())
+            if picker is None:
+                token = int(logits[0].argmax())
+                picked = None
+            else:
+                picked = picker.pick(logits)  # [1, 1] on the device
+                token = int(picked)
             if step == 0:
                 synchronize(ids.device)
                 ttft = time.perf_counter() - t0
@@ -821,11 +925,12 @@ class LazyLLM:
                 logits_kept.append(logits[0])
             usage.append((gen.prompt_pairs, gen.prompt_pairs_device))
             reason = stop.check(generated)
+            yield generated
             if reason:
                 finish = reason
                 break
             start += next_input.shape[1]
-            next_input = torch.tensor([[token]], device=ids.device)
+            next_input = picked if picked is not None else torch.tensor([[token]], device=ids.device)
         synchronize(ids.device)
         total = time.perf_counter() - t0
         state = gen.state
@@ -848,4 +953,5 @@ class LazyLLM:
             revived_pairs=gen.revived_pairs,
             step_logits=logits_kept,
             trace=GenerationTrace(tuple(gen.trace)) if gen.trace is not None else None,
+            sampling=sampling,
         )

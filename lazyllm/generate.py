@@ -8,6 +8,10 @@ tokens computed; with ``--compare`` also the unpruned answer and the speedups (o
 one pruned run, after a warm-up). ``--revival frozen`` (or ``dynamic``, ``budget:N``) overrides the
 schedule's revival policy; ``--scoring fastkv`` (or any :class:`~lazyllm.scoring.Scoring` spelling) its
 scoring rule. Without overrides the engine uses the schedule file's own (its ``scoring`` field).
+
+Decoding is greedy unless ``--do-sample`` (with ``--temperature``, ``--top-k``, ``--top-p``,
+``--seed``; ``--repetition-penalty`` applies to greedy decoding too), with transformers' meaning
+(:mod:`lazyllm.sampling`). ``--stream`` prints the answer as it is decoded, then the same report.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from lazyllm.cli import cli_main
 from lazyllm.engine import GenerationResult, LazyLLM
 from lazyllm.models import DEFAULT_MODEL, load_model
+from lazyllm.sampling import Sampling
 from lazyllm.schedule import Revival, Schedule
 
 
@@ -47,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
         "--stop", action="append", default=[], help="stop string (repeatable), e.g. --stop $'\\n'"
     )
     parser.add_argument("--no-chat", action="store_true", help="raw prompt: do not apply the chat template")
+    decoding = parser.add_argument_group("decoding (transformers' names and meaning; default greedy)")
+    decoding.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    decoding.add_argument("--temperature", type=float, help="sampling temperature (default 1.0)")
+    decoding.add_argument("--top-k", type=int, help="keep the k most likely tokens (default 50; 0: off)")
+    decoding.add_argument("--top-p", type=float, help="nucleus sampling mass (default 1.0: off)")
+    decoding.add_argument("--repetition-penalty", type=float, help="default 1.0: off")
+    decoding.add_argument("--seed", type=int, help="seed of the sampling (default: a fresh one)")
+    parser.add_argument("--stream", action="store_true", help="print the answer as it is decoded")
     parser.add_argument("--compare", action="store_true", help="also run unpruned and print the speedups")
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="allow a hub model's own Python code"
@@ -59,15 +73,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _report(label: str, result: GenerationResult) -> None:
-    print(f"--- {label} ---")
-    print(result.text if result.text is not None else result.token_ids)
+def _report(label: str, result: GenerationResult, *, streamed: bool = False) -> None:
+    if not streamed:
+        print(f"--- {label} ---")
+        print(result.text if result.text is not None else result.token_ids)
     decode = result.decode_ms_per_token
     print(
         f"TTFT {result.ttft_s:.3f} s, total {result.total_s:.3f} s, "
         f"decode {'-' if decode is None else f'{decode:.1f}'} ms/token, {len(result.token_ids)} tokens "
         f"({result.finish_reason}), revival {result.revival}, scoring {result.scoring}, prompt {result.prompt_tokens} tokens, "
-        f"{100 * result.prompt_computed_fraction:.1f}% of prompt (token, layer) pairs computed"
+        f"{100 * result.prompt_computed_fraction:.1f}% of prompt (token, layer) pairs computed, "
+        f"{'sampled' if result.sampling.do_sample else 'greedy'}"
     )
 
 
@@ -75,9 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(_parser(), _generate, argv)
 
 
-def _preflight(args: argparse.Namespace) -> tuple[str, Schedule | None]:
-    """Every input checked before the model loads: answer length, prompt, schedule file, revival.
-    Returns the prompt text and the schedule (None = the paper-style default, made once the depth is known)."""
+def _sampling(args: argparse.Namespace) -> Sampling:
+    return Sampling.resolve(
+        None, do_sample=args.do_sample or None, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+    )  # fmt: skip
+
+
+def _preflight(args: argparse.Namespace) -> tuple[str, Schedule | None, Sampling]:
+    """Every input checked before the model loads: answer length, prompt, schedule file, revival,
+    decoding. Returns the prompt text, the schedule (None = the paper-style default, made once the
+    depth is known) and the decoding strategy."""
+    sampling = _sampling(args)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
     if args.prompt_file is not None:
@@ -95,14 +120,14 @@ def _preflight(args: argparse.Namespace) -> tuple[str, Schedule | None]:
     if args.revival:
         Revival.parse(args.revival)
     if args.schedule is None:
-        return text, None
+        return text, None, sampling
     if not args.schedule.is_file():
         raise ValueError(f"--schedule {args.schedule}: no such file; pass a schedule JSON")
-    return text, Schedule.load(args.schedule)
+    return text, Schedule.load(args.schedule), sampling
 
 
 def _generate(args: argparse.Namespace) -> int:
-    text, loaded = _preflight(args)
+    text, loaded, sampling = _preflight(args)
     model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
     layers = int(model.config.num_hidden_layers)
     schedule = loaded if loaded is not None else Schedule.paper_style(args.model, layers)
@@ -112,15 +137,25 @@ def _generate(args: argparse.Namespace) -> int:
         schedule = schedule.with_scoring(args.scoring)
     engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=not args.allow_other_model)
     chat = not args.no_chat and bool(getattr(tokenizer, "chat_template", None))
-    kwargs = dict(max_new_tokens=args.max_new_tokens, chat=chat, stop_strings=args.stop)
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=args.max_new_tokens, chat=chat, stop_strings=args.stop, generation_config=sampling
+    )
     if args.compare:
         full = LazyLLM(
             model, Schedule.keep_all(schedule.model, layers), tokenizer=tokenizer, strict_model_name=False
         )
         full.generate(text, **{**kwargs, "max_new_tokens": 1})  # warm-up
         baseline = full.generate(text, **kwargs)
-    pruned = engine.generate(text, **kwargs)
-    _report("LazyLLM", pruned)
+    if args.stream:
+        print("--- LazyLLM ---")
+        stream = engine.stream(text, **kwargs)
+        for piece in stream:
+            print(piece, end="", flush=True)
+        print()
+        pruned = stream.result
+    else:
+        pruned = engine.generate(text, **kwargs)
+    _report("LazyLLM", pruned, streamed=args.stream)
     if args.compare:
         _report("unpruned", baseline)
         print(

@@ -1,10 +1,11 @@
-"""Prompt encoding (raw text or a chat turn) and stopping rules (EOS ids, stop strings)."""
+"""Prompt encoding (raw text, a chat turn or chat messages), stopping rules (EOS ids, stop strings) and
+incremental text for streaming."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +25,55 @@ def caller_stacklevel() -> int:
     return level
 
 
-def encode_prompt(
-    tokenizer: Any, prompt: str | torch.Tensor | Sequence[int], *, chat: bool = False
-) -> torch.Tensor:
-    """Token ids ``[1, N]`` of a prompt given as text or ids.
+ROLES = ("system", "user", "assistant")
 
-    With ``chat``, a text prompt becomes the user turn of the tokenizer's chat template (with the
-    generation prompt appended); a tokenizer without a template is an error.
+Messages = Sequence[Mapping[str, Any]]
+"""Chat messages as OpenAI and transformers spell them: ``[{"role": "user", "content": "..."}, ...]``."""
+
+Prompt = str | torch.Tensor | Sequence[int] | Messages
+"""What the engine generates from: text, token ids ``[N]`` / ``[1, N]``, or chat messages."""
+
+
+def is_messages(prompt: object) -> bool:
+    """Whether ``prompt`` is a list of chat messages (a non-empty sequence of mappings)."""
+    return (
+        isinstance(prompt, list | tuple) and len(prompt) > 0 and all(isinstance(m, Mapping) for m in prompt)
+    )
+
+
+def check_messages(messages: Messages) -> list[dict[str, str]]:
+    """``messages`` as plain ``{"role", "content"}`` dicts, checked; an error names the message and field.
+
+    ``content`` is a string, or OpenAI's list of text parts (``[{"type": "text", "text": "..."}]``),
+    which are joined. Roles: system, user, assistant.
     """
+    if not is_messages(messages):
+        raise ValueError('messages must be a non-empty list of {"role": ..., "content": ...} objects')
+    out = []
+    for i, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise ValueError(f"messages[{i}].role = {role!r}: must be one of {', '.join(ROLES)}")
+        if isinstance(content, list) and all(
+            isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        ):
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise ValueError(f"messages[{i}].content must be a string (or a list of text parts)")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, *, chat: bool = False) -> torch.Tensor:
+    """Token ids ``[1, N]`` of a prompt given as text, ids or chat messages.
+
+    Chat messages are rendered by the tokenizer's chat template with the generation prompt appended
+    (whatever ``chat`` says). With ``chat``, a text prompt becomes the user turn of the template; a
+    tokenizer without a template is an error.
+    """
+    if is_messages(prompt):
+        return _apply_template(tokenizer, check_messages(prompt))  # type: ignore[arg-type]
     if not isinstance(prompt, str):
         if chat:
             raise ValueError("chat=True needs a text prompt; token ids are used as they are")
@@ -43,11 +85,23 @@ def encode_prompt(
             raise ValueError(
                 "chat=True but the tokenizer has no chat template; pass chat=False for a raw prompt"
             )
-        encoded = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
-        )
-        return torch.as_tensor(encoded["input_ids"], dtype=torch.long).reshape(1, -1)
+        return _apply_template(tokenizer, [{"role": "user", "content": prompt}])
     return torch.as_tensor(tokenizer(prompt)["input_ids"], dtype=torch.long).reshape(1, -1)
+
+
+def _apply_template(tokenizer: Any, messages: list[dict[str, str]]) -> torch.Tensor:
+    if tokenizer is None:
+        raise ValueError("chat messages need a tokenizer: LazyLLM(model, schedule, tokenizer=tokenizer)")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the tokenizer has no chat template: pass a text prompt with chat=False instead of messages"
+        )
+    try:
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    except Exception as exc:  # jinja's TemplateError: the template refuses these messages
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"the tokenizer's chat template refused the messages: {message}") from None
+    return torch.as_tensor(encoded["input_ids"], dtype=torch.long).reshape(1, -1)
 
 
 @dataclass(frozen=True)

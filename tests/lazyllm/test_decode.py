@@ -185,19 +185,35 @@ class _HostReads(TorchFunctionMode):
 
 
 @pytest.mark.parametrize("revival", ["dynamic", "frozen"])
+@pytest.mark.parametrize("decoding", ["greedy", "sampled", "stream"])
 def test_decoding_without_revival_reads_the_device_once_per_step(
-    revival: str, model_pair: Callable[[str], tuple[Any, Any]]
+    revival: str, decoding: str, model_pair: Callable[[str], tuple[Any, Any]]
 ) -> None:
-    """Keep-all (any policy) and frozen decoding: the next token is the only host read of a step."""
+    """Keep-all (any policy) and frozen decoding: the next token is the only host read of a step, also
+    when it is sampled (repetition penalty, temperature, top-k, top-p) or streamed as text."""
     sdpa, _ = model_pair("llama")
     schedules = [Schedule.keep_all("tiny-llama", 5).with_revival(revival)]
     if revival == "frozen":
         schedules.append(Schedule("tiny-llama", (0.0, 50.0, 0.0, 50.0, 0.0), revival="frozen"))
+    sampled = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.1, seed=0)
     for schedule in schedules:
-        engine = LazyLLM(sdpa, schedule)
+        engine = LazyLLM(sdpa, schedule, tokenizer=_CharTokenizer())
         reads = []
         for steps in (3, 7):
             with _HostReads() as counter:
-                engine.generate(prompt(30), max_new_tokens=steps, eos_token_id=[])
+                if decoding == "stream":
+                    list(engine.stream(prompt(30), max_new_tokens=steps, eos_token_id=[]))
+                else:
+                    options = sampled if decoding == "sampled" else {}
+                    engine.generate(prompt(30), max_new_tokens=steps, eos_token_id=[], **options)
             reads.append(counter.count)
         assert reads[1] - reads[0] == 4, (schedule, reads)
+
+
+class _CharTokenizer:
+    """Decodes token ``i`` as one letter, on the host (what a tokenizer does with a list of ints)."""
+
+    eos_token_id = None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
