@@ -43,7 +43,8 @@ def unique_temporary(path: Path, suffix: str = ".tmp") -> Path:
     return Path(name)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (this process always does)."""
     if pid == os.getpid():
         return True
     try:
@@ -60,7 +61,7 @@ def is_dead_temporary(path: Path, *, now: float | None = None) -> bool:
     runs, or a pid-less older-style name an hour old)."""
     ours = _OURS.fullmatch(path.name)
     if ours is not None:
-        return ours["host"] == _HOST and not _alive(int(ours["pid"]))
+        return ours["host"] == _HOST and not process_alive(int(ours["pid"]))
     if _LEGACY.fullmatch(path.name) is not None:
         with contextlib.suppress(OSError):
             return (now if now is not None else time.time()) - path.stat().st_mtime > LEGACY_AGE_S

@@ -522,13 +522,18 @@ class PromptConfig:
             raise ValueError(f"no prompt template for {dataset!r} in {self.origin or self.source}") from None
 
 
-def _read_json_table(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> Any:
+    """A JSON file's content; an unreadable or invalid file is one ``ValueError`` naming it."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{path}: invalid JSON: {exc}") from None
+
+
+def _read_json_table(path: Path) -> dict[str, Any]:
+    data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object mapping dataset names, got {type(data).__name__}")
     return data

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
 import random
 from collections import Counter
@@ -54,6 +53,7 @@ from tuner.data.longbench import (
     Record,
     Split,
     build_prompt,
+    read_json,
     resolve_task,
     split_records,
     uncut_length,
@@ -328,13 +328,7 @@ def hub_parquet_url(dataset: str) -> str:
 def load_corpus_file(path: str | Path, dataset: str) -> Corpus:
     """A corpus from the dataset's official JSON file."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"{path}: invalid JSON: {exc}") from None
-    return _CORPUS_FROM_JSON[dataset](data, str(path))
+    return _CORPUS_FROM_JSON[dataset](read_json(path), str(path))
 
 
 def load_corpus_parquet(location: str, dataset: str) -> Corpus:

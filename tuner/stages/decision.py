@@ -31,6 +31,7 @@ from tuner.statistics.calibration import Calibration
 from tuner.statistics.losses import Loss
 from tuner.study.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
+from tuner.study.workers import counts_towards_target
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,10 @@ class TrialTiming:
 
     @classmethod
     def of(cls, study: optuna.Study, n_trials: int, timeout_s: float | None) -> TrialTiming:
-        durations = [
+        durations = [  # the trials n_trials counts: a refused duplicate evaluated nothing
             t.duration.total_seconds()
             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-            if t.duration is not None
+            if t.duration is not None and counts_towards_target(t)
         ]
         return cls(len(durations), n_trials, statistics.median(durations) if durations else None, timeout_s)
 

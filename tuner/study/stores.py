@@ -24,6 +24,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from lazyllm.atomic import process_alive
 from tuner.redact import redact_text
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -126,22 +127,12 @@ def check_tracking_store(uri: str, *, folder: bool = True) -> None:
         check_sqlite_file(path, "MLflow store", "--tracking-uri", folder=folder)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 def _remove_dead_leftovers(path: Path) -> None:
     """Temporary stores of processes that died mid-creation (kill -9 skips their cleanup)."""
     pattern = re.compile(rf"{re.escape(path.name)}\.creating-(\d+)(-journal)?")
     for leftover in path.parent.glob(f"{path.name}.creating-*"):
         match = pattern.fullmatch(leftover.name)
-        if match and int(match[1]) != os.getpid() and not _alive(int(match[1])):
+        if match and int(match[1]) != os.getpid() and not process_alive(int(match[1])):
             leftover.unlink(missing_ok=True)
 
 

@@ -67,3 +67,24 @@ def test_timing_says_what_fits() -> None:
     assert TIMING.trials_fitting() == 14 and TIMING.timeout_needed() == 1800.0
     assert TrialTiming(0, 60, None, 420.0).timeout_needed() is None
     assert TrialTiming(3, 60, 30.0, None).trials_fitting() is None
+
+
+def test_the_time_line_counts_the_trials_n_trials_counts() -> None:
+    """A refused duplicate ends PRUNED but evaluated nothing: it is not a finished trial of the time
+    line (the default study said "54 of 60 trials finished" where 49 were)."""
+    import optuna
+
+    from tuner.study.workers import DUPLICATE_ATTR, DuplicateSchedule
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        if trial.number == 1:
+            trial.storage.set_trial_system_attr(trial._trial_id, DUPLICATE_ATTR, 0)
+            raise DuplicateSchedule("the schedule of trial 0")
+        if trial.number == 2:
+            raise optuna.TrialPruned("over budget")  # stopped early: counts
+        return 1.0, 0.0
+
+    study.optimize(objective, n_trials=4, catch=(DuplicateSchedule,))
+    assert TrialTiming.of(study, 60, 420.0).finished == 3
