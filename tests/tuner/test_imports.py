@@ -18,12 +18,26 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _typing_only(tree: ast.Module) -> set[int]:
+    """Ids of the import nodes under ``if TYPE_CHECKING:`` (annotations only: never run)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
 def import_graph(package: str) -> dict[str, set[str]]:
-    """``module -> modules of package it imports`` (module-level and function-level imports alike)."""
+    """``module -> modules of package it imports`` (module-level and function-level imports alike;
+    imports under ``if TYPE_CHECKING:`` are for annotations and never run, so they are left out)."""
     modules = {_module_name(p): p for p in (ROOT / package).rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = _typing_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
