@@ -186,6 +186,20 @@ class _QuietInterrupted(logging.Filter):
         return not any(message.startswith(f"Trial {n} failed with") for n in self.numbers)
 
 
+def interrupted_by_ctrl_c(exc: BaseException) -> bool:
+    """A Ctrl-C, or an error raised while one was being handled: a SIGINT that lands inside Optuna's
+    own bookkeeping of a trial (its ``tell``) surfaces as that code's ``UnboundLocalError``, with the
+    ``KeyboardInterrupt`` as its context. Either way the run was interrupted, not broken."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain: the interrupt is the error's context, or its context's
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__context__
+    return False
+
+
 @dataclass
 class _Streaks:
     """Consecutive outcomes of this worker's trials: failures end the run with an error, refused
@@ -281,11 +295,15 @@ def run_trials(
                 callbacks=callbacks,
                 catch=(RuntimeError, SurplusTrial, DuplicateSchedule),
             )
-        except KeyboardInterrupt:
+        except BaseException as exc:
+            if not interrupted_by_ctrl_c(exc):
+                raise
             if current:
                 with _no_second_interrupt():
                     record_interrupt(study, current[0], callbacks)
-            raise
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise KeyboardInterrupt from exc
         finally:
             optimize_log.removeFilter(quiet)
         stop = streaks.update(study.get_trials(deepcopy=False)[numbered:])

@@ -150,3 +150,29 @@ def test_queued_trials_are_not_taken_while_running_trials_hold_the_last_slots(tm
         peer.join()
     c = counts(study)
     assert taken == [] and (c[TrialState.COMPLETE], c[TrialState.FAIL], c[TrialState.WAITING]) == (2, 0, 3)
+
+
+def test_an_error_raised_while_a_ctrl_c_was_handled_is_an_interrupt() -> None:
+    """A SIGINT inside Optuna's tell surfaced as its UnboundLocalError (exit 1 in the chaos test):
+    with the KeyboardInterrupt as its context it is an interrupt, and nothing else is."""
+    from tuner.study.workers import interrupted_by_ctrl_c
+
+    def raised_while_handling() -> BaseException:
+        try:
+            try:
+                raise KeyboardInterrupt
+            finally:
+                raise UnboundLocalError("cannot access local variable 'updated_state'")
+        except UnboundLocalError as exc:
+            return exc
+
+    assert interrupted_by_ctrl_c(KeyboardInterrupt())
+    assert interrupted_by_ctrl_c(raised_while_handling())
+    assert not interrupted_by_ctrl_c(UnboundLocalError("a bug of ours"))
+    try:
+        try:
+            raise ValueError("bad input")
+        finally:
+            pass
+    except ValueError as plain:
+        assert not interrupted_by_ctrl_c(plain)
