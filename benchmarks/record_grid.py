@@ -182,12 +182,12 @@ def main() -> int:
                     row = {
                         "schedule": name, "family": family, "method": method, "example": ex.key,
                         "dataset": ex.dataset, "prompt_tokens": len(ex.input_ids),
-                        "score": result.score, "baseline_score": float(base[ex.key]["score"]),
+                        "score": result.score, "baseline_score": base[ex.key].score,
                         "kl_nats_per_token": None if drift is None else drift.kl,
                         "top1_agreement": None if drift is None else drift.top1,
                         "flop_speedup": METHODS[method].flop_speedup(dims, len(ex.input_ids), schedule, options),
                         "new_tokens": result.new_tokens, "prediction": result.prediction,
-                        "baseline_prediction": base[ex.key]["prediction"], "answers": list(ex.answers),
+                        "baseline_prediction": base[ex.key].prediction, "answers": list(ex.answers),
                     }  # fmt: skip
                     sink.write(json.dumps(row) + "\n")
                     sink.flush()
