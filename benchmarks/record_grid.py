@@ -7,12 +7,19 @@ For every example of ``--task`` (``n_examples`` per dataset, built by the produc
 :class:`tuner.evaluation.runner.Evaluator`) and every schedule of the grid (families ``paper-style``:
 :func:`tuner.study.handmade.hand_made_grid` plus :meth:`lazyllm.Schedule.paper_style`; ``one-stage``:
 :func:`tuner.study.handmade.one_stage_grid`; ``gradual``: 25% or 40% pruned after each quarter of the
-depth; a schedule in two families keeps its first name; ``peers``: every :func:`lazyllm.methods.peer_names` method keeping 10/30/50% of the prompt),
+depth; ``peer-rules``: LazyLLM schedules ranking tokens by the peers' scoring rules, FastKV's and
+GemFilter's (:mod:`lazyllm.scoring`); ``search-picks``: schedules README studies recommended; a
+schedule in two families keeps its first name; with ``--peers``, ``peers``: every
+:func:`lazyllm.methods.peer_names` method keeping 10/30/50% of the prompt, which have no KL and
+which the decision rule's replay cannot pick),
 one JSON line is appended to ``--out``: the task score (:meth:`Evaluator.evaluate`), the unpruned
 score (the baseline), the mean teacher-forced KL per answer token in nats and top-1 agreement
 (:meth:`tuner.evaluation.fidelity.FidelityEvaluator.example_drift`; null for the peers, which are not
 LazyLLM engines), and the FLOP speedup of TTFT (:meth:`lazyllm.methods.Method.flop_speedup`).
 Every schedule runs with ``frozen`` revival, the study's default.
+
+Examples alternate between datasets (HotpotQA, SQuAD, HotpotQA, ...), so any prefix of the rows
+is balanced; ``--split validation,test`` alternates chunks of both splits, each into its own file.
 
 Resumable across sessions: rows already in ``--out`` (by schedule and example) are skipped, a
 truncated last line (a run killed mid-write) is cut off first, and the unpruned answers and the
@@ -29,6 +36,7 @@ import copy
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +53,42 @@ from tuner.study.settings import EvalSettings
 PEER_KEEPS = (0.1, 0.3, 0.5)
 
 
-def grid(model: str, layers: int) -> dict[str, tuple[str, str, Schedule | None, dict[str, float]]]:
+def peer_rules(model: str, layers: int) -> dict[str, Schedule]:
+    """LazyLLM schedules with the peers' scoring rules (FastKV's and GemFilter's, :mod:`lazyllm.scoring`)."""
+    quarters = sorted({max(1, round(i * layers / 4)) for i in (1, 2, 3)} - {layers - 1})
+    mid, late = layers // 4, layers // 2
+    return {
+        "fastkv rule 30% after each quarter": Schedule.from_layers(model, layers, dict.fromkeys(quarters, 30)).with_scoring("fastkv"),
+        f"fastkv rule keep=30% after layer {mid}": Schedule.from_layers(model, layers, {mid: 70}).with_scoring("fastkv"),
+        f"gemfilter rule keep=50% after layer {late}": Schedule.from_layers(model, layers, {late: 50}).with_scoring("gemfilter"),
+    }  # fmt: skip
+
+
+def search_picks(model: str, layers: int) -> dict[str, Schedule]:
+    """What README studies recommended (SmolLM2, 30 layers): seed 0's pick keeps 40% after layer 14
+    with FastKV's rule (2026-12-01). Other depths get the same shape at the same relative depth."""
+    at = round(14 * layers / 30)
+    return {f"search pick: fastkv rule keep=40% after layer {at}": Schedule.from_layers(model, layers, {at: 60}).with_scoring("fastkv")}  # fmt: skip
+
+
+def grid(
+    model: str, layers: int, *, peers: bool = False
+) -> dict[str, tuple[str, str, Schedule | None, dict[str, float]]]:
     """name -> (family, method, schedule or None, method options)."""
     out: dict[str, tuple[str, str, Schedule | None, dict[str, float]]] = {}
     paper = {"paper-style default": Schedule.paper_style(model, layers), **hand_made_grid(model, layers)}
     quarters = sorted({max(1, round(i * layers / 4)) for i in (1, 2, 3)} - {layers - 1})
     gradual = {f"gradual {pct}% after each quarter": Schedule.from_layers(model, layers, dict.fromkeys(quarters, pct)) for pct in (25, 40)}  # fmt: skip
-    for family, schedules in (("paper-style", paper), ("one-stage", one_stage_grid(model, layers)), ("gradual", gradual)):  # fmt: skip
+    families = (
+        ("paper-style", paper), ("one-stage", one_stage_grid(model, layers)), ("gradual", gradual),
+        ("peer-rules", peer_rules(model, layers)), ("search-picks", search_picks(model, layers)),
+    )  # fmt: skip
+    for family, schedules in families:
         for name, schedule in schedules.items():
             frozen = schedule.with_revival("frozen")
             if all(frozen != s for _, _, s, _ in out.values()):  # one name per schedule (the first)
                 out[name] = (family, "lazyllm", frozen, {})
-    for peer in peer_names():
+    for peer in peer_names() if peers else ():
         knob = METHODS[peer].size_knob
         assert knob is not None
         for keep in PEER_KEEPS:
@@ -110,74 +142,113 @@ def view(evaluator: Evaluator, examples: list[Example]) -> Evaluator:
     return part
 
 
-def main() -> int:
+def interleave(examples: list[Example]) -> list[Example]:
+    """The examples alternating between datasets, each dataset's order kept (round-robin)."""
+    by: dict[str, list[Example]] = {}
+    for ex in examples:
+        by.setdefault(ex.dataset, []).append(ex)
+    queues = list(by.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+
+
+class Split:
+    """One split's examples, output file, rows already recorded and the examples still to do."""
+
+    def __init__(
+        self, args: argparse.Namespace, split: str, model: Any, tokenizer: Any, table: dict[str, Any]
+    ) -> None:
+        self.out = Path(
+            args.out.replace("{split}", split)
+            if args.out
+            else f"benchmarks/data/grid-{args.model}-{args.task}-{split}-{args.max_prompt_tokens}.jsonl"
+        )
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.done = read_rows(self.out)
+        check_schedules(
+            self.out.with_suffix(".schedules.json"),
+            {n: {"family": f, "method": m, "options": o, "schedule": s.to_json() if s else None} for n, (f, m, s, o) in table.items()},
+        )  # fmt: skip
+        config = EvalSettings(
+            model=args.model, task=args.task, split=split, n_examples=args.n_examples,
+            max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+            data_dir=args.data_dir, openqa_dir=args.openqa_dir,
+        )  # fmt: skip
+        self.evaluator = Evaluator(model, tokenizer, config, Path(args.cache), progress=False)
+        self.fidelity = FidelityEvaluator(self.evaluator)
+        self.todo = [
+            ex
+            for ex in interleave(self.evaluator.examples)
+            if any((n, ex.key) not in self.done for n in table)
+        ]
+        print(
+            f"{split}: {len(self.evaluator.examples)} examples x {len(table)} schedules; "
+            f"{len(self.done)} rows in {self.out}, {len(self.todo)} examples to do"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--task", default="openqa")
-    p.add_argument("--split", default="validation", choices=("validation", "test"))
+    p.add_argument(
+        "--split", default="validation", help="validation, test, or both comma-separated (chunks alternate)"
+    )
     p.add_argument("--n-examples", type=int, default=200, help="examples per dataset")
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--openqa-dir", default=None)
     p.add_argument("--data-dir", default=None)
+    p.add_argument(
+        "--peers", action="store_true", help="also the peer methods (no KL: the replay skips them)"
+    )
     p.add_argument("--chunk", type=int, default=4, help="examples whose baseline is computed together")
     p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads (2 threads on a shared 2-core CPU run slower)"
     )
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="rows file; '{split}' in it is replaced by the split")
     p.add_argument("--cache", default="runs/record-grid-cache", help="unpruned answers and references")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    names = args.split.split(",")
+    if not names or any(n not in ("validation", "test") for n in names) or len(set(names)) < len(names):
+        p.error(f"--split {args.split!r}: give validation, test or validation,test")
+    if len(names) > 1 and args.out and "{split}" not in args.out:
+        p.error("--out: with two splits, put '{split}' in the file name")
 
     torch.set_num_threads(args.threads)
-    out = Path(
-        args.out
-        or f"benchmarks/data/grid-{args.model}-{args.task}-{args.split}-{args.max_prompt_tokens}.jsonl"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = read_rows(out)
     model, tokenizer = load_model(args.model, device="cpu")
     layers = int(model.config.num_hidden_layers)
     dims = ModelDims.from_config(model.config)
-    table = grid(args.model, layers)
-    check_schedules(
-        out.with_suffix(".schedules.json"),
-        {n: {"family": f, "method": m, "options": o, "schedule": s.to_json() if s else None} for n, (f, m, s, o) in table.items()},
-    )  # fmt: skip
-    config = EvalSettings(
-        model=args.model, task=args.task, split=args.split, n_examples=args.n_examples,
-        max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-        data_dir=args.data_dir, openqa_dir=args.openqa_dir,
-    )  # fmt: skip
-    evaluator = Evaluator(model, tokenizer, config, Path(args.cache), progress=False)
-    fidelity = FidelityEvaluator(evaluator)
+    table = grid(args.model, layers, peers=args.peers)
+    splits = [Split(args, n, model, tokenizer, table) for n in names]
     generators = {n: make_method(m, model, tokenizer, s, options=o) for n, (_, m, s, o) in table.items()}
     engines = {
         n: LazyLLM(model, s, tokenizer=tokenizer) for n, (_, _, s, _) in table.items() if s is not None
     }
-    todo = [ex for ex in evaluator.examples if any((n, ex.key) not in done for n in table)]
-    print(
-        f"{len(evaluator.examples)} examples x {len(table)} schedules; {len(done)} rows in {out}, {len(todo)} examples to do"
-    )
 
     start, written = time.monotonic(), 0
     deadline = None if args.minutes is None else start + 60 * args.minutes
-    with out.open("a", encoding="utf-8") as sink:
-        for c in range(0, len(todo), args.chunk):
-            chunk = view(evaluator, todo[c : c + args.chunk])
-            base = chunk.baseline()
-            chunk_fid = copy.copy(fidelity)
-            chunk_fid.evaluator = chunk
-            refs = chunk_fid.references()
+    chunks = [
+        (sp, c) for c in range(0, max(len(sp.todo) for sp in splits), args.chunk) for sp in splits if c < len(sp.todo)
+    ]  # fmt: skip
+    for sp, c in chunks:
+        chunk = view(sp.evaluator, sp.todo[c : c + args.chunk])
+        base = chunk.baseline()
+        chunk_fid = copy.copy(sp.fidelity)
+        chunk_fid.evaluator = chunk
+        refs = chunk_fid.references()
+        with sp.out.open("a", encoding="utf-8") as sink:
             for name, (family, method, schedule, options) in table.items():
                 for ex in chunk.examples:
-                    if (name, ex.key) in done:
+                    if (name, ex.key) in sp.done:
                         continue
                     if deadline is not None and time.monotonic() > deadline:
-                        return report(start, written, out)
+                        return report(start, written)
                     (result,), _ = view(chunk, [ex]).evaluate(name, generators[name])
                     drift = (
-                        fidelity.example_drift(engines[name], ex, refs[ex.key]) if name in engines else None
+                        sp.fidelity.example_drift(engines[name], ex, refs[ex.key])
+                        if name in engines
+                        else None
                     )
                     row = {
                         "schedule": name, "family": family, "method": method, "example": ex.key,
@@ -192,14 +263,12 @@ def main() -> int:
                     sink.write(json.dumps(row) + "\n")
                     sink.flush()
                     written += 1
-    return report(start, written, out)
+    return report(start, written)
 
 
-def report(start: float, written: int, out: Path) -> int:
+def report(start: float, written: int) -> int:
     minutes = (time.monotonic() - start) / 60
-    print(
-        f"wrote {written} rows to {out} in {minutes:.1f} min: {written / max(minutes, 1e-9):.1f} rows/minute"
-    )
+    print(f"wrote {written} rows in {minutes:.1f} min: {written / max(minutes, 1e-9):.1f} rows/minute")
     return 0
 
 
