@@ -57,11 +57,43 @@ def certainty_sentence(c: Certainty | None) -> str:
     )
 
 
+def power_sentence(d: Decision) -> str:
+    """How many validation examples the budget needs by the power curve, and whether the slope prior
+    floored the calibration (empty without a calibration)."""
+    cal = d.calibration
+    if cal is None:
+        return ""
+    f = cal.floor
+    if f is None:
+        return (
+            "No slope prior was given (--slope-prior none, or none is packaged for this model): the "
+            "calibration stands on its own examples, however few. "
+        )
+    own = f"its own slope is {f.own_slope:.1f} (bound {f.own_upper:.1f}) points per nat"
+    prior = f"the open-QA prior {f.prior} ({f.prior_slope:.1f}, bound {f.prior_upper:.1f}, n={f.prior_n_examples})"
+    if f.examples_needed is None:
+        need = (
+            f"No power curve for a {d.budget:g}-point budget is recorded with {prior} yet, so the study counts "
+            f"as underpowered"
+        )
+    else:
+        need = (
+            f"By the power curve, a {d.budget:g}-point budget needs {f.examples_needed} validation examples "
+            f"(picks over budget on test in at most {f.target_rate:.0%} of replays); this study has {cal.n_examples}"
+        )
+    if not f.applied:
+        return f"{need}: its own calibration decides ({own}). "
+    effect = "which decided" if f.binds else "which its own bound already exceeds"
+    return f"{need}, so its slope is floored at {prior}, {effect}; {own}. "
+
+
 def paragraph(d: Decision) -> str:
-    """The paragraph: what decided, with its numbers, then the recommendation's certainty and the time."""
+    """The paragraph: what decided, with its numbers, then the recommendation's certainty, the power
+    of its examples and the time."""
     t = d.timing
     done = (
-        f"{certainty_sentence(d.certainty)}{t.finished} of {t.n_trials} trials finished. {timing_sentence(t)}"
+        f"{certainty_sentence(d.certainty)}{power_sentence(d)}{t.finished} of {t.n_trials} trials finished. "
+        f"{timing_sentence(t)}"
     )
     what = f"What decided: {BOUND[d.decided]}."
     best, nxt = d.recommended, d.next_faster

@@ -245,7 +245,7 @@ def confirm_pooled(
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
     decision = pooled_rule(
         records, runner.search_loss, runner.budget.task, k, on.weights, evidence,
-        level=runner.settings.decision_level, confidence=level,
+        level=runner.settings.decision_level, confidence=level, prior=runner.settings.prior,
     )  # fmt: skip
     picked = decision.picked
     out: list[CandidateResult] = []

@@ -13,7 +13,9 @@ and reads nothing but its arguments.
    fastest included (:func:`spread`), are task-scored by ``evidence`` (on the search's examples or
    on more of them: ``--confirm-n-examples``).
 3. **Calibration**: the pooled slope of task loss on KL through the origin, with its one-sided bound at
-   ``level`` (the decision level) and at ``confidence`` (reported) (:func:`tuner.statistics.calibration.fit`).
+   ``level`` (the decision level) and at ``confidence`` (reported) (:func:`tuner.statistics.calibration.fit`);
+   given the model's slope ``prior`` and fewer examples than its power curve asks for the budget,
+   the slope and bounds are floored at the prior's (:meth:`Calibration.floored`).
 4. **Pick**: the fastest front schedule with no drift, or whose predicted task-loss bound at ``level``
    is within the budget and whose KL is within the scored evidence (:meth:`Calibration.covers`).
 """
@@ -28,6 +30,7 @@ from tuner.stages.front import feasible_front
 from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED
 from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
 from tuner.statistics.losses import Loss, ScoreLoss
+from tuner.statistics.prior import SlopePrior
 from tuner.study.records import TrialRecord
 
 T = TypeVar("T")
@@ -95,7 +98,7 @@ def judge(kl: float, calibration: Calibration | None, budget: ScoreLoss) -> tupl
         f"KL {kl:.4f} nats; {calibration.no_cost_text()}"  # a negative loss is no gain
         if calibration.slope <= 0
         else f"predicted task loss {est:.2f} (upper bound {up:.2f}) score points at KL {kl:.4f} nats "
-        f"{'<=' if ok else '>'} budget {budget.budget:g}"
+        f"{'<=' if ok else '>'} budget {budget.budget:g}{calibration.floor_text()}"
     )
     if up <= budget.budget and not calibration.covers(kl):
         why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
@@ -112,6 +115,7 @@ def pooled_rule(
     *,
     level: float,
     confidence: float | None = None,
+    prior: SlopePrior | None = None,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
 ) -> PooledDecision:
@@ -126,10 +130,13 @@ def pooled_rule(
         evidence: scores one record (called once per scored schedule).
         level: the slope bound's level that decides (``--decision-level``).
         confidence: the level the calibration also reports (``--confidence``).
+        prior: the model's slope prior (``--slope-prior``), the floor of an underpowered calibration.
     """
     front = feasible_front(records, search_loss)
     drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
     scored = tuple(evidence(r) for r in spread(drifting, k))
     calibration = fit(scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed)
+    if calibration is not None and prior is not None:
+        calibration = calibration.floored(prior, budget.budget)
     verdicts = tuple(Verdict(r, *judge(r.values[1], calibration, budget)) for r in front)
     return PooledDecision(tuple(front), scored, calibration, verdicts)

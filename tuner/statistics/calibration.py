@@ -30,6 +30,11 @@ examples) the bound is that largest scored KL.
 slope's bound at the study's ``confidence``, so the report says whether the recommendation is
 certified at that level too (``b_up(confidence) * K`` within ``B``), not only chosen at the lower one.
 
+**Floor.** Given a :class:`~tuner.statistics.prior.SlopePrior` for the model and a study with fewer
+validation examples than its power curve asks for the budget, :meth:`Calibration.floored` raises
+the slope and both bounds to at least the prior's (see :mod:`tuner.statistics.prior`); the
+:class:`Floor` it records says what the study's own fit was and whether the floor changed anything.
+
 **Power.** When a schedule's point prediction ``b * K`` is within budget but its bound is not, the
 data cannot certify it; with the standard error shrinking as ``1/sqrt(n)``, about
 ``n * ((b_up - b) * K / (B - b * K))^2`` examples would (``b * K`` taken as 0 when it is negative:
@@ -40,12 +45,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, check_level
+
+if TYPE_CHECKING:
+    from tuner.statistics.prior import SlopePrior
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,63 @@ class ScoredSchedule:
 
 
 @dataclass(frozen=True)
+class Floor:
+    """The slope prior a calibration was checked against, and what the study's own fit said.
+
+    Attributes:
+        prior: the prior's id (:attr:`SlopePrior.id`).
+        prior_n_examples: the examples the prior was fitted on.
+        prior_slope, prior_upper, prior_upper_confidence: the prior's slope and its bounds at the
+            calibration's ``level`` and ``confidence``.
+        own_slope, own_upper, own_upper_confidence: the study's own fit.
+        examples_needed: validation examples the power curve asks for at the study's budget (None: no
+            curve recorded, or none of its ``n`` reached the target).
+        applied: whether the study was underpowered, so the floor applies.
+        target_rate: the power curve's target rate of picks over budget on test.
+    """
+
+    prior: str
+    prior_n_examples: int
+    prior_slope: float
+    prior_upper: float
+    prior_upper_confidence: float | None
+    own_slope: float
+    own_upper: float
+    own_upper_confidence: float | None
+    examples_needed: int | None
+    applied: bool
+    target_rate: float = 0.10
+
+    @property
+    def binds(self) -> bool:
+        """The floor changed the decision's bound (the prior's is above the study's own)."""
+        return self.applied and self.prior_upper > self.own_upper
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Floor:
+        def opt(key: str) -> float | None:
+            return None if data.get(key) is None else float(data[key])
+
+        need = data.get("examples_needed")
+        return cls(
+            prior=str(data["prior"]),
+            prior_n_examples=int(data["prior_n_examples"]),
+            prior_slope=float(data["prior_slope"]),
+            prior_upper=float(data["prior_upper"]),
+            prior_upper_confidence=opt("prior_upper_confidence"),
+            own_slope=float(data["own_slope"]),
+            own_upper=float(data["own_upper"]),
+            own_upper_confidence=opt("own_upper_confidence"),
+            examples_needed=None if need is None else int(need),
+            applied=bool(data["applied"]),
+            target_rate=float(data.get("target_rate", 0.10)),
+        )
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Task-score points per nat of KL, with its one-sided upper bound (see the module docstring).
 
@@ -82,6 +147,8 @@ class Calibration:
         confidence: the study's ``--confidence``, a second level reported beside ``level`` (None in
             calibrations stored before it was recorded).
         slope_upper_confidence: the slope's one-sided upper bound at ``confidence``.
+        floor: the slope prior it was checked against (None: none); when applied, ``slope`` and both
+            bounds are the larger of the study's own and the prior's.
     """
 
     slope: float
@@ -93,6 +160,7 @@ class Calibration:
     points: tuple[tuple[int, float, float], ...]
     confidence: float | None = None
     slope_upper_confidence: float | None = None
+    floor: Floor | None = None
 
     def __post_init__(self) -> None:
         check_level(self.level)
@@ -100,6 +168,49 @@ class Calibration:
             raise ValueError("confidence and slope_upper_confidence: give both or neither")
         if self.confidence is not None:
             check_level(self.confidence)
+
+    def floored(self, prior: SlopePrior, budget: float) -> Calibration:
+        """This calibration checked against ``prior`` at ``budget`` (points): when its examples are
+        fewer than the prior's power curve asks for (or the curve is not recorded), the slope and its
+        bounds become at least the prior's (see the module docstring)."""
+        need = prior.examples_needed(budget)
+        applied = need is None or self.n_examples < need
+        at_conf = None if self.confidence is None else prior.upper(self.confidence)
+        floor = Floor(
+            prior=prior.id,
+            prior_n_examples=prior.n_examples,
+            prior_slope=prior.slope,
+            prior_upper=prior.upper(self.level),
+            prior_upper_confidence=at_conf,
+            own_slope=self.slope,
+            own_upper=self.slope_upper,
+            own_upper_confidence=self.slope_upper_confidence,
+            examples_needed=need,
+            applied=applied,
+            target_rate=prior.target_rate,
+        )
+        if not applied:
+            return replace(self, floor=floor)
+        upper_conf = self.slope_upper_confidence
+        return replace(
+            self,
+            slope=max(self.slope, floor.prior_slope),
+            slope_upper=max(self.slope_upper, floor.prior_upper),
+            slope_upper_confidence=None
+            if upper_conf is None or at_conf is None
+            else max(upper_conf, at_conf),
+            floor=floor,
+        )
+
+    def floor_text(self) -> str:
+        """One clause on the floor when it changed the bound (empty otherwise)."""
+        f = self.floor
+        if f is None or not f.binds:
+            return ""
+        return (
+            f"; slope floored at the open-QA prior's {f.prior_slope:.1f} (bound {f.prior_upper:.1f}) points per "
+            f"nat, over the study's own {f.own_slope:.1f} (bound {f.own_upper:.1f})"
+        )
 
     def max_kl(self, budget: float) -> float:
         """The largest mean KL (nats) whose predicted task loss bound is within ``budget`` points."""
@@ -160,6 +271,7 @@ class Calibration:
             "points": [list(p) for p in self.points],
             "confidence": self.confidence,
             "slope_upper_confidence": self.slope_upper_confidence,
+            "floor": None if self.floor is None else self.floor.to_dict(),
         }
 
     @classmethod
@@ -176,23 +288,20 @@ class Calibration:
             slope_upper_confidence=(
                 None if data.get("slope_upper_confidence") is None else float(data["slope_upper_confidence"])
             ),
+            floor=None if data.get("floor") is None else Floor.from_dict(data["floor"]),
         )
 
 
-def fit(
+def bootstrap_slopes(
     scored: Sequence[ScoredSchedule],
     weights: Mapping[str, float],
     *,
-    level: float,
-    confidence: float | None = None,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
-) -> Calibration | None:
-    """The pooled slope of ``scored`` with its bound at ``level`` and, given ``confidence``, at that
-    level too, from the same bootstrap (None when no scored schedule drifted at all)."""
-    check_level(level)
-    if confidence is not None:
-        check_level(confidence)
+) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray] | None:
+    """The shared examples, the per-schedule mean KL and task loss ``[S]``, and ``n_boot`` resampled
+    pooled slopes ``[B]`` (the cluster bootstrap over examples of the module docstring); None when no
+    schedule drifted at all."""
     if not scored:
         return None
     keys = sorted(set.intersection(*(set(s.kl) for s in scored)))
@@ -211,6 +320,27 @@ def fit(
     t_b = (tl[:, idx] * wb).sum(axis=2) / wb.sum(axis=1)
     denom = k_b.sum(axis=0)
     slopes = np.where(denom > 0, t_b.sum(axis=0) / np.where(denom > 0, denom, 1.0), 0.0)
+    return keys, kl_means, tl_means, slopes
+
+
+def fit(
+    scored: Sequence[ScoredSchedule],
+    weights: Mapping[str, float],
+    *,
+    level: float,
+    confidence: float | None = None,
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = DEFAULT_SEED,
+) -> Calibration | None:
+    """The pooled slope of ``scored`` with its bound at ``level`` and, given ``confidence``, at that
+    level too, from the same bootstrap (None when no scored schedule drifted at all)."""
+    check_level(level)
+    if confidence is not None:
+        check_level(confidence)
+    boot = bootstrap_slopes(scored, weights, n_boot=n_boot, seed=seed)
+    if boot is None:
+        return None
+    keys, kl_means, tl_means, slopes = boot
     return Calibration(
         slope=float(tl_means.sum() / kl_means.sum()),
         slope_upper=float(np.quantile(slopes, level)),

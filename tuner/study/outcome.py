@@ -156,6 +156,8 @@ class StudyOutcome:
                         "predicted_task_loss_upper": upper,
                         "certified_at_level": upper <= self.confirmation.budget,
                     }
+                if cal is not None and cal.floor is not None:  # the slope prior it was checked against
+                    meta["confirmation"]["slope_floor"] = cal.floor.to_dict()
             if self.decision:
                 meta["decision"] = self.decision
         return Schedule.from_dict(record.schedule.to_dict() | {"metadata": meta})

@@ -32,6 +32,8 @@ from lazyllm.models import DEFAULT_MODEL
 from lazyllm.schedule import Revival
 from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task, task_help
 from tuner.evaluation.speed import CLOCKS
+from tuner.statistics.prior import SlopePrior
+from tuner.statistics.prior import resolve as resolve_prior
 from tuner.study.samplers import check_sampler, sampler_names
 from tuner.study.strict_yaml import load_strict
 
@@ -257,6 +259,13 @@ class SearchSettings(EvalSettings):
         default="frozen",
         metadata=_help("decoding revival policy of every trial's schedule: frozen, dynamic or budget:N"),
     )
+    slope_prior: str = field(
+        default="auto",
+        metadata=_help(
+            "floor of an underpowered calibration's slope: auto (the model's packaged open-QA prior, "
+            "if any), none, or a prior JSON file (benchmarks/slope_prior.py)"
+        ),
+    )
     heldout: bool = field(default=True, metadata=_help("check the recommendation on the test split"))
     tracking_uri: str | None = field(
         default=None,
@@ -307,6 +316,10 @@ class SearchSettings(EvalSettings):
         if self.new_tokens is not None and self.new_tokens < 1:
             raise ValueError(f"new_tokens = {self.new_tokens}: must be >= 1 (or null for the answer length)")
         _ = self.revival_policy  # parsed once here: dynamic, frozen or budget:N; anything else is one line
+        prior = self.prior  # read once here: a bad file or another model's prior is one line
+        if prior is not None:
+            prior.upper(self.decision_level)  # it must hold bounds at both levels the rule reads
+            prior.upper(self.confidence)
         _check_timing(self.timing_rounds, self.timing_clock)
         if self.fidelity_top_k < 1:
             raise ValueError(f"fidelity_top_k = {self.fidelity_top_k}: must be >= 1")
@@ -346,6 +359,12 @@ class SearchSettings(EvalSettings):
     def revival_policy(self) -> Revival:
         """The decoding policy of every trial's schedule, typed (``revival`` is its spelling)."""
         return Revival.parse(self.revival)
+
+    @functools.cached_property
+    def prior(self) -> SlopePrior | None:
+        """The slope prior ``slope_prior`` names, read once (None: ``none``, or ``auto`` with no
+        packaged prior for this model)."""
+        return resolve_prior(self.slope_prior, self.model_slug)
 
     def evidence_settings(self, stage: str) -> EvalSettings:
         """What the ``confirm`` stage (validation, ``confirm_n_examples``) or the ``heldout`` stage

@@ -336,6 +336,7 @@ class Tracker:
                 self.parent_id, "lazyllm.recommended", "provisional" if outcome.provisional else "confirmed"
             )
         self.client.set_tag(self.parent_id, "lazyllm.accuracy_loss_unit", outcome.search_loss.unit)
+        self._log_prior(outcome, now)
         if outcome.decision:
             self.client.set_tag(self.parent_id, "lazyllm.decision", outcome.decision[:5000])
         for path in files:
@@ -351,6 +352,33 @@ class Tracker:
         finished = trial_counts(self.study)["finished_trials"]
         self.end("FINISHED", f"{stopped}: {finished} of {self.settings.n_trials} trials")
         return "FINISHED"
+
+    def _log_prior(self, outcome: StudyOutcome, now: int) -> None:
+        """The slope prior the study read (tag ``lazyllm.slope_prior``: its id or ``none``; the file as
+        artifact ``slope_prior/``) and, where the calibration was checked against it, the floor's numbers."""
+        from mlflow.entities import Metric
+
+        prior = self.settings.prior
+        self.client.set_tag(self.parent_id, "lazyllm.slope_prior", "none" if prior is None else prior.id)
+        if prior is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = prior.save(Path(tmp) / f"{prior.model}.json")
+                self.client.log_artifact(self.parent_id, str(path), artifact_path="slope_prior")
+        conf = outcome.confirmation
+        floor = None if conf is None or conf.calibration is None else conf.calibration.floor
+        if floor is None:
+            return
+        values = {
+            "calibration.floor_applied": float(floor.applied),
+            "calibration.floor_binds": float(floor.binds),
+            "calibration.prior_slope": floor.prior_slope,
+            "calibration.prior_slope_upper": floor.prior_upper,
+            "calibration.own_slope": floor.own_slope,
+            "calibration.own_slope_upper": floor.own_upper,
+        }
+        if floor.examples_needed is not None:
+            values["calibration.examples_needed"] = float(floor.examples_needed)
+        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])
 
     # --- child runs -------------------------------------------------------------------------------
     def trial_run_id(self, number: int) -> str | None:

@@ -4,11 +4,15 @@ sentences are exact: a study's parent run and console carry them)."""
 from __future__ import annotations
 
 from tests.support import decision_outcome
-from tuner.report.decision import certainty_sentence, explain, timing_sentence
+from tuner.report.decision import certainty_sentence, explain, power_sentence, timing_sentence
 from tuner.stages.decision import TrialTiming, certainty
 from tuner.statistics.calibration import Calibration
 
 TIMING = TrialTiming(finished=18, n_trials=60, median_s=30.0, timeout_s=420.0)
+NO_PRIOR = (
+    "No slope prior was given (--slope-prior none, or none is packaged for this model): the calibration "
+    "stands on its own examples, however few. "
+)
 
 
 def test_the_budget_decides_when_the_next_schedule_is_predicted_over_it() -> None:
@@ -61,7 +65,8 @@ def test_the_recommendation_says_whether_it_is_certified_at_the_confidence_too()
         "not certified at --confidence 90%: its predicted task loss could reach 2.50 score points; about 23 "
         "validation examples (now 13) would certify it. "
     )
-    assert sentence + "18 of 60 trials finished." in text and text.startswith("What decided: the data.")
+    assert sentence + NO_PRIOR + "18 of 60 trials finished." in text
+    assert text.startswith("What decided: the data.")
     certified = explain(
         decision_outcome(0.4, slope=4.0, slope_upper=10.0, max_scored=0.5, at_90=15.0), TIMING
     )
@@ -90,4 +95,46 @@ def test_the_recommendation_says_whether_it_is_certified_at_the_confidence_too()
     assert certainty_sentence(certainty(0.299, none, 2.0)) == (
         "At --confidence 90% the calibration still measures no task-score cost of KL (slope bound -1.5 points per "
         "nat): the 13 validation examples show none, and a cost that they do not show is not bounded by them. "
+    )
+
+
+def test_the_paragraph_says_how_many_examples_the_budget_needs_and_whether_the_prior_floored() -> None:
+    import dataclasses
+
+    from tuner.stages.decision import decide
+    from tuner.statistics.prior import PowerPoint, SlopePrior
+
+    def prior(power: tuple[PowerPoint, ...]) -> SlopePrior:
+        return SlopePrior(
+            "tiny", "openqa", 1024, 300, ("a",), 12.0, ((0.5, 12.0), (0.6, 13.0), (0.9, 16.0)),
+            "rows.jsonl", "cd" * 32, "2026-12-02", power,
+        )  # fmt: skip
+
+    def text_with(p: SlopePrior, slope: float, slope_upper: float) -> tuple[str, str]:
+        outcome = decision_outcome(0.4, slope=slope, slope_upper=slope_upper, max_scored=0.5, at_90=-0.5)
+        assert outcome.confirmation is not None and outcome.confirmation.calibration is not None
+        cal = outcome.confirmation.calibration.floored(p, 2.0)
+        conf = dataclasses.replace(outcome.confirmation, calibration=cal)
+        d = decide(dataclasses.replace(outcome, confirmation=conf), TIMING)
+        return power_sentence(d), explain(dataclasses.replace(outcome, confirmation=conf), TIMING)
+
+    curve = (PowerPoint(2.0, 13, 0.5, 0.8, 500), PowerPoint(2.0, 100, 0.08, 0.95, 500))
+    # seed 1's calibration: no cost seen on 13 examples; the power curve asks for 100
+    sentence, text = text_with(prior(curve), -6.0, -1.5)
+    assert sentence == (
+        "By the power curve, a 2-point budget needs 100 validation examples (picks over budget on test in at "
+        "most 10% of replays); this study has 13, so its slope is floored at the open-QA prior "
+        "tiny/openqa-1024@cdcdcdcdcdcd (12.0, bound 13.0, n=300), which decided; its own slope is -6.0 "
+        "(bound -1.5) points per nat. "
+    )
+    assert sentence in text and "measured no task-score cost" not in text
+    assert "predicted to lose 3.60 score points (upper bound 3.90, 60%)" in text  # 12 x 0.3, 13 x 0.3
+    sentence, _ = text_with(prior(()), 40.0, 60.0)
+    assert sentence.startswith("No power curve for a 2-point budget is recorded with the open-QA prior")
+    assert "which its own bound already exceeds; its own slope is 40.0 (bound 60.0)" in sentence
+    sentence, _ = text_with(prior((PowerPoint(2.0, 13, 0.05, 0.95, 500),)), -6.0, -1.5)
+    assert sentence == (
+        "By the power curve, a 2-point budget needs 13 validation examples (picks over budget on test in at most "
+        "10% of replays); this study has 13: its own calibration decides (its own slope is -6.0 (bound -1.5) "
+        "points per nat). "
     )

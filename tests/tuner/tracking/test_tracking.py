@@ -269,6 +269,50 @@ def test_the_recommendation_says_in_mlflow_and_its_file_whether_it_is_certified_
     assert metrics["recommended.predicted_task_loss_upper"] == pytest.approx(1.5)
 
 
+def test_the_slope_prior_and_its_floor_are_logged_to_the_parent_run(tmp_path: Path) -> None:
+    """The prior the study read is named (tag), attached (artifact ``slope_prior/``) and its floor's
+    numbers are metrics; the exported schedule carries the floor too."""
+    import dataclasses
+
+    from tuner.statistics.prior import SlopePrior
+
+    prior = SlopePrior(
+        "toy", "openqa", 1024, 300, ("a",), 12.0, ((0.5, 12.0), (0.6, 13.0), (0.9, 16.0)),
+        "rows.jsonl", "ef" * 32, "2026-12-02",
+    )  # fmt: skip
+    path = prior.save(tmp_path / "prior.json")
+    settings, study, uri = _toy(tmp_path)
+    settings = dataclasses.replace(settings, slope_prior=str(path))
+    tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
+    records = (
+        hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
+        hand_record(1, 1.5, 0.1, (0.0, 30.0, 0.0, 0.0)),
+    )
+    est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
+    rec = CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.5, 0.1, "confirmed", est, "why")
+    cal = Calibration(-6.0, -1.5, 0.6, 13, (1,), 0.1, ((1, 0.1, -0.6),), 0.9, -0.5).floored(prior, 2.0)
+    outcome = StudyOutcome(
+        "toy", StudyIdentity.from_dict(settings.study_identity()), Budget(FidelityLoss(0.6), ScoreLoss(2.0)),
+        records, Confirmation(2.0, 0.9, (rec,), 13, 2, "pooled", cal),
+    )  # fmt: skip
+    assert outcome.schedule_of(records[1]).metadata["confirmation"]["slope_floor"]["prior"] == prior.id
+    tracker.end_study(outcome, files=[])
+    run = tracker.client.get_run(tracker.parent_id)
+    assert run.data.tags["lazyllm.slope_prior"] == prior.id
+    m = run.data.metrics
+    assert (m["calibration.floor_applied"], m["calibration.floor_binds"]) == (1.0, 1.0)
+    assert (m["calibration.prior_slope_upper"], m["calibration.own_slope_upper"]) == (13.0, -1.5)
+    logged = [f.path for f in tracker.client.list_artifacts(tracker.parent_id, "slope_prior")]
+    assert logged == ["slope_prior/toy.json"]
+    local = tracker.client.download_artifacts(tracker.parent_id, "slope_prior/toy.json", str(tmp_path / "dl"))
+    assert SlopePrior.load(local) == prior
+    # a study without a prior says so
+    settings2, study2, uri2 = _toy(tmp_path / "none")
+    none = Tracker(uri2, settings2, study2, Budget.from_settings(settings2))
+    none.end_study(StudyOutcome.from_study(study2), files=[])
+    assert none.client.get_run(none.parent_id).data.tags["lazyllm.slope_prior"] == "none"
+
+
 def test_passwords_never_reach_mlflow_or_study_attrs(tmp_path: Path) -> None:
     secret = "hunter2-secret"
     settings, study, uri = _toy(tmp_path, storage=f"postgresql+psycopg://lazyllm:{secret}@127.0.0.1:1/db")

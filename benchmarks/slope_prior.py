@@ -1,0 +1,119 @@
+"""Fit a model's slope prior (task-score points per nat of KL) on the recorded open-QA grid.
+
+    python benchmarks/slope_prior.py [--rows benchmarks/data/grid-smollm2-135m-openqa-validation-1024.jsonl]
+        [--power benchmarks/data/decision_rule.openqa.json] [--out tuner/statistics/priors/<model>.json]
+
+Reads the validation rows of ``benchmarks/record_grid.py``: every LazyLLM schedule with a KL, on the
+examples all of them share, macro-weighted over the datasets. Fits the pooled slope through the
+origin with the product's own estimator (:func:`tuner.statistics.calibration.bootstrap_slopes`, the
+cluster bootstrap over examples a study's calibration uses) and records its one-sided bounds at
+levels 0.50..0.99. ``--power`` adds the power curve that ``benchmarks/decision_rule.py --out``
+measured on the same grid (the rule without a prior), which says from how many examples a study's
+own calibration needs no floor. The file records the rows' sha256, so the report names exactly what
+it was fitted on (:attr:`tuner.statistics.prior.SlopePrior.id`). See :mod:`tuner.statistics.prior`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.statistics.bootstrap import macro_weights
+from tuner.statistics.calibration import ScoredSchedule, bootstrap_slopes
+from tuner.statistics.prior import PRIOR_DIR, PowerPoint, SlopePrior, power_points, sha256_of
+
+LEVELS = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
+N_BOOT = 4000
+
+
+def distinct(path: Path, rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The recorded schedules, one name per distinct schedule (an older grid may hold one schedule
+    under two names: the one with more rows stays)."""
+    table = json.loads(path.with_suffix(".schedules.json").read_text(encoding="utf-8"))
+    best: dict[str, str] = {}
+    for name in sorted(rows, key=lambda n: -len(rows[n])):
+        best.setdefault(json.dumps(table[name]["schedule"], sort_keys=True), name)
+    return sorted(best.values())
+
+
+def scored_schedules(path: Path) -> tuple[list[ScoredSchedule], list[str], dict[str, float], dict[str, Any]]:
+    """The grid's LazyLLM schedules as scored evidence on the examples all of them hold, their names,
+    the macro weights and the rows' common settings (model, task, prompt length)."""
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            if r.get("kl_nats_per_token") is not None:
+                rows.setdefault(r["schedule"], {})[r["example"]] = r
+    if not rows:
+        raise SystemExit(
+            f"{path}: no LazyLLM rows with a KL; record the grid first (benchmarks/record_grid.py)"
+        )
+    names = distinct(path, rows)
+    keys = sorted(set.intersection(*(set(rows[n]) for n in names)))
+    if not keys:
+        raise SystemExit(f"{path}: the schedules share no example yet; record more of the grid")
+    first = rows[names[0]]
+    weights = dict(zip(keys, macro_weights([first[k]["dataset"] for k in keys])))
+    scored = [
+        ScoredSchedule(
+            i,
+            {k: float(rows[n][k]["kl_nats_per_token"]) for k in keys},
+            {k: 100.0 * (rows[n][k]["baseline_score"] - rows[n][k]["score"]) for k in keys},
+        )
+        for i, n in enumerate(names)
+    ]
+    return scored, names, weights, first[keys[0]]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--rows", default="benchmarks/data/grid-smollm2-135m-openqa-validation-1024.jsonl")
+    p.add_argument("--model", default="smollm2-135m", help="the model the grid was recorded on")
+    p.add_argument("--task", default="openqa")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--power", default=None, help="benchmarks/decision_rule.py --out JSON on the same grid")
+    p.add_argument("--out", default=None, help="default: tuner/statistics/priors/<model>.json")
+    args = p.parse_args(argv)
+    rows = Path(args.rows)
+    scored, names, weights, _ = scored_schedules(rows)
+    boot = bootstrap_slopes(scored, weights, n_boot=N_BOOT)
+    if boot is None:
+        raise SystemExit(f"{rows}: no schedule drifted; nothing to fit")
+    keys, kl_means, tl_means, slopes = boot
+    power: tuple[PowerPoint, ...] = ()
+    if args.power:
+        payload = json.loads(Path(args.power).read_text(encoding="utf-8"))
+        power = power_points(payload["power"])
+    prior = SlopePrior(
+        model=args.model,
+        task=args.task,
+        max_prompt_tokens=args.max_prompt_tokens,
+        n_examples=len(keys),
+        schedules=tuple(names),
+        slope=float(tl_means.sum() / kl_means.sum()),
+        bounds=tuple((lv, float(np.quantile(slopes, lv))) for lv in LEVELS),
+        source=rows.as_posix(),
+        source_sha256=sha256_of(rows),
+        created=dt.date.today().isoformat(),
+        power=power,
+    )
+    out = prior.save(args.out or PRIOR_DIR / f"{args.model}.json")
+    print(
+        f"{prior.id}: slope {prior.slope:.2f} points per nat (bound {prior.upper(0.6):.2f} at 60%, "
+        f"{prior.upper(0.9):.2f} at 90%) on {len(keys)} examples x {len(names)} schedules -> {out}"
+    )
+    for n, k, t in zip(names, kl_means, tl_means):
+        print(f"  {n:48s} KL {k:.3f} nats  task loss {t:6.2f} points")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

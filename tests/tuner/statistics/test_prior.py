@@ -1,0 +1,179 @@
+"""tuner.statistics.prior: the slope prior file, the power curve's count, and the floor of an
+underpowered calibration (the rule, the report and the benchmark that builds the prior)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import tuner.stages.rule as rule
+from tuner.statistics.calibration import Calibration, ScoredSchedule
+from tuner.statistics.losses import FidelityLoss, ScoreLoss
+from tuner.statistics.prior import PowerPoint, SlopePrior, packaged, resolve
+from tuner.study.settings import SearchSettings
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _prior(
+    slope: float = 12.0, power: tuple[PowerPoint, ...] = (), model: str = "smollm2-135m"
+) -> SlopePrior:
+    return SlopePrior(
+        model=model, task="openqa", max_prompt_tokens=1024, n_examples=300, schedules=("a", "b"),
+        slope=slope, bounds=((0.5, slope), (0.6, slope + 1.0), (0.9, slope + 4.0), (0.99, slope + 8.0)),
+        source="rows.jsonl", source_sha256="ab" * 32, created="2026-12-02", power=power,
+    )  # fmt: skip
+
+
+def _no_cost(n: int = 13) -> Calibration:
+    """What seed 1's 13 examples said: no task-score cost of KL at any level."""
+    return Calibration(
+        slope=-6.0, slope_upper=-1.5, level=0.6, n_examples=n, trials=(1, 2), max_scored_kl=0.4,
+        points=((1, 0.3, -1.8), (2, 0.1, -0.6)), confidence=0.9, slope_upper_confidence=-0.5,
+    )  # fmt: skip
+
+
+def test_a_prior_file_round_trips_and_bad_files_are_one_line(tmp_path: Path) -> None:
+    prior = _prior(power=(PowerPoint(2.0, 50, 0.2, 0.9, 100),))
+    path = prior.save(tmp_path / "p.json")
+    assert SlopePrior.load(path) == prior
+    assert prior.id == "smollm2-135m/openqa-1024@" + "ab" * 6
+    with pytest.raises(ValueError, match="no such file"):
+        SlopePrior.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"model": "m"}')
+    with pytest.raises(ValueError, match=r"bad\.json: not a slope prior file") as e:
+        SlopePrior.load(tmp_path / "bad.json")
+    assert "\n" not in str(e.value)
+    old = json.loads(path.read_text()) | {"format": 0}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="format 0"):
+        SlopePrior.load(tmp_path / "old.json")
+    with pytest.raises(ValueError, match="measured on 'smollm2-135m', not 'gemma3-270m'"):
+        resolve(str(path), "gemma3-270m")
+    assert resolve("none", "smollm2-135m") is None
+    assert resolve("auto", "no-such-model") is None
+
+
+def test_bounds_interpolate_between_levels_and_refuse_outside_them() -> None:
+    prior = _prior(12.0)
+    assert prior.upper(0.6) == 13.0
+    assert prior.upper(0.75) == pytest.approx(14.5)
+    with pytest.raises(ValueError, match=r"holds bounds for 0.6..0.8; rebuild it"):
+        _prior(12.0).__class__(**{**vars(prior), "bounds": ((0.6, 1.0), (0.8, 2.0))}).upper(0.9)
+
+
+def test_the_power_curve_names_the_smallest_n_within_the_target_at_the_budget() -> None:
+    rows = (
+        PowerPoint(2.0, 13, 0.45, 0.8, 500), PowerPoint(2.0, 50, 0.18, 0.9, 500),
+        PowerPoint(2.0, 100, 0.08, 0.95, 500), PowerPoint(2.0, 200, 0.04, 0.97, 500),
+        PowerPoint(4.0, 13, 0.09, 0.9, 500),
+    )  # fmt: skip
+    prior = _prior(power=rows)
+    assert prior.examples_needed(2.0) == 100
+    assert prior.examples_needed(3.0) == 100  # the largest recorded budget not above it: 2
+    assert prior.examples_needed(4.0) == 13
+    assert prior.examples_needed(1.0) is None  # no curve at or below a 1-point budget
+    assert _prior().examples_needed(2.0) is None
+
+
+def test_an_underpowered_calibration_is_floored_at_the_prior_and_a_powered_one_is_not() -> None:
+    prior = _prior(12.0, power=(PowerPoint(2.0, 100, 0.05, 0.9, 500),))
+    low = _no_cost(13).floored(prior, 2.0)
+    assert (low.slope, low.slope_upper, low.slope_upper_confidence) == (12.0, 13.0, 16.0)
+    assert low.floor is not None and low.floor.applied and low.floor.binds
+    assert (low.floor.own_slope, low.floor.own_upper, low.floor.examples_needed) == (-6.0, -1.5, 100)
+    assert "floored at the open-QA prior's 12.0" in low.floor_text()
+    assert Calibration.from_dict(json.loads(json.dumps(low.to_dict()))) == low
+    high = _no_cost(150).floored(prior, 2.0)
+    assert (high.slope, high.slope_upper) == (-6.0, -1.5)  # enough examples: its own calibration decides
+    assert high.floor is not None and not high.floor.applied and high.floor_text() == ""
+    # with no power curve recorded every study counts as underpowered
+    assert _no_cost(500).floored(_prior(12.0), 2.0).slope == 12.0
+    # a floor never lowers a calibration that measured more cost than the prior
+    steep = Calibration(40.0, 60.0, 0.6, 13, (1,), 0.4, ((1, 0.3, 12.0),), 0.9, 80.0).floored(prior, 2.0)
+    assert (steep.slope, steep.slope_upper, steep.slope_upper_confidence) == (40.0, 60.0, 80.0)
+    assert steep.floor is not None and steep.floor.applied and not steep.floor.binds
+
+
+KEYS = [f"d{i % 2}/r{i}" for i in range(13)]
+
+
+def test_the_rule_with_a_prior_no_longer_reads_no_cost_seen_as_no_cost() -> None:
+    """Seed 1's failure: 13 examples show no cost, so a schedule drifting 0.3 nats was certified."""
+    from tests.tuner.stages.test_rule import _record
+
+    records = [_record(0, 1.0, 0.0, 0.0), _record(1, 1.4, 0.02, 30.0), _record(2, 1.97, 0.3, 60.0)]
+    keys = list(records[1].per_example)
+
+    def evidence(r: rule.TrialRecord) -> ScoredSchedule:  # every drifting schedule *gains* a little
+        return ScoredSchedule(r.number, r.per_example, {k: -5.0 * v for k, v in r.per_example.items()})
+
+    def decide(prior: SlopePrior | None) -> rule.PooledDecision:
+        return rule.pooled_rule(
+            records, FidelityLoss(1.0), ScoreLoss(2.0), 6, dict.fromkeys(keys, 1.0), evidence,
+            level=0.6, confidence=0.9, prior=prior,
+        )  # fmt: skip
+
+    alone = decide(None)
+    assert alone.picked is not None and alone.picked.number == 2  # certified on "no cost seen"
+    floored = decide(_prior(12.0))
+    assert floored.picked is not None and floored.picked.number == 1  # 13 x 0.3 = 3.9 points > 2
+    assert "floored at the open-QA prior's 12.0" in floored.verdicts[0].why
+
+
+def _bench(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_builder_fits_the_product_estimator_on_grid_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = tmp_path / "grid.jsonl"
+    table = {"a": {"schedule": {"p": 1}}, "b": {"schedule": {"p": 2}}, "b twin": {"schedule": {"p": 2}}}
+    rows.with_suffix(".schedules.json").write_text(json.dumps(table))
+    lines = []
+    for i in range(12):
+        ex, ds = f"{'hs'[i % 2]}/{i}", "hotpotqa-long" if i % 2 == 0 else "squad-long"
+        for name, kl, lost in (("a", 0.1 * (1 + i % 3), 0.5 * (i % 3 == 0)), ("b", 0.3, float(i % 4 == 0))):
+            lines.append({"schedule": name, "example": ex, "dataset": ds, "kl_nats_per_token": kl,
+                          "score": 1.0 - lost, "baseline_score": 1.0})  # fmt: skip
+        if i < 2:  # an older name of schedule b, on two examples only: left out
+            lines.append({"schedule": "b twin", "example": ex, "dataset": ds, "kl_nats_per_token": 0.3,
+                          "score": 1.0, "baseline_score": 1.0})  # fmt: skip
+    lines.append({"schedule": "peer", "example": "h/0", "dataset": "hotpotqa-long", "kl_nats_per_token": None,
+                  "score": 0.0, "baseline_score": 1.0})  # fmt: skip
+    rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    out = tmp_path / "prior.json"
+    assert _bench("slope_prior").main(["--rows", str(rows), "--out", str(out)]) == 0
+    prior = SlopePrior.load(out)
+    assert prior.schedules == ("a", "b") and prior.n_examples == 12
+    # macro mean over the two datasets (6 examples each) of 100 x loss, over the mean KL
+    loss_a = 100 * (0.5 * 2 / 6 + 0.5 * 2 / 6) / 2  # i % 3 == 0 hits i = 0, 6 (h) and 3, 9 (s)
+    loss_b = 100 * (3 / 6 + 0 / 6) / 2  # i % 4 == 0: i = 0, 4, 8, all of them h
+    assert prior.slope == pytest.approx((loss_a + loss_b) / (0.2 + 0.3))
+    assert prior.upper(0.9) >= prior.upper(0.6) >= prior.slope - 1e-9
+    assert "on 12 examples x 2 schedules" in capsys.readouterr().out
+
+
+def test_a_study_reads_the_prior_once_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    path = _prior().save(tmp_path / "p.json")
+    assert SearchSettings(slope_prior=str(path)).prior == _prior()
+    assert SearchSettings(slope_prior="none").prior is None
+    assert SearchSettings().prior == packaged("smollm2-135m")
+    with pytest.raises(ValueError, match="no such file"):
+        SearchSettings(slope_prior=str(tmp_path / "nope.json"))
+    narrow = (
+        _prior().__class__(**{**vars(_prior()), "bounds": ((0.5, 1.0), (0.8, 2.0))}).save(tmp_path / "n.json")
+    )
+    with pytest.raises(ValueError, match=r"holds bounds for 0\.5\.\.0\.8"):
+        SearchSettings(slope_prior=str(narrow))  # the rule reads the bound at --confidence 0.9
