@@ -1,7 +1,9 @@
 """How often does the study's decision rule break the budget, and how much speed does it leave behind?
 
     python benchmarks/decision_rule.py [--rows benchmarks/data/objective_noise_512.rows.jsonl]
-        [--sizes 13,50,100,200] [--resamples 500] [--budget 2] [--out results.json]
+        [--sizes 13,50,100,200] [--resamples 500] [--budget 2[,3]] [--prior PRIOR.json] [--out results.json]
+    python benchmarks/decision_rule.py --rows benchmarks/data/grid-smollm2-135m-openqa-validation-1024.jsonl \
+        --test-rows benchmarks/data/grid-smollm2-135m-openqa-test-1024.jsonl --sizes 13,50,100,200
 
 Replays the product's own rule (:func:`tuner.stages.rule.pooled_rule`, the function the study calls)
 as a classifier, on a grid of schedules whose validation *and* test evidence was recorded per example
@@ -19,7 +21,11 @@ pick on the full test split:
 One row per (rule setting, n): the default study's settings (``--confirm-k``, ``--decision-level``,
 the exploration cap ``KL_PER_POINT``) and a few around them. A draw larger than the pool repeats its
 examples, so it says how the rule behaves on more data only as far as the pool is representative:
-the table marks such rows. The measured tables, dated, are in docs/benchmarks.md.
+the table marks such rows. ``--prior`` replays the rule with a slope prior's floor
+(:mod:`tuner.statistics.prior`); a prior fitted on the same validation pool makes that replay
+optimistic. ``--out`` also writes the default rule's rows as the **power curve**
+(``benchmarks/slope_prior.py --power`` stores it in the prior). The measured tables, dated, are in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from tuner.stages.rule import pooled_rule
 from tuner.statistics.bootstrap import estimate, macro_weights
 from tuner.statistics.calibration import ScoredSchedule
 from tuner.statistics.losses import KL_PER_POINT, FidelityLoss, ScoreLoss
+from tuner.statistics.prior import SlopePrior
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
 
@@ -132,6 +139,10 @@ def load_example_rows(validation: Path, test: Path) -> list[GridSchedule]:
     names = [
         n for n, s in schedules.items() if s.get("schedule") and all(n in rows.get(sp, {}) for sp in rows)
     ]
+    seen: dict[str, str] = {}  # an older grid may hold one schedule under two names: the fuller stays
+    for n in sorted(names, key=lambda n: -len(rows["validation"].get(n, {}))):
+        seen.setdefault(json.dumps(schedules[n]["schedule"], sort_keys=True), n)
+    names = [n for n in names if n in seen.values()]
     if len(rows) < 2 or not names:
         raise ValueError(f"{validation} and {test}: no LazyLLM schedule recorded on both splits")
     out = []
@@ -193,7 +204,7 @@ def records_of(
 
 def replay(
     grid: Sequence[GridSchedule], budget: float, sizes: Iterable[int], resamples: int,
-    settings: Sequence[RuleSetting] = SETTINGS,
+    settings: Sequence[RuleSetting] = SETTINGS, prior: SlopePrior | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """One result row per (setting, n): over-budget rate, speed kept, no-pick rate, most common pick."""
     pool = sorted(grid[0].validation)
@@ -218,7 +229,7 @@ def replay(
 
                 decision = pooled_rule(
                     records, cap, task, setting.k, weights, evidence,
-                    level=setting.level, confidence=CONFIDENCE, n_boot=N_BOOT, seed=i,
+                    level=setting.level, confidence=CONFIDENCE, prior=prior, n_boot=N_BOOT, seed=i,
                 )  # fmt: skip
                 pick = decision.picked
                 if pick is None:
@@ -230,7 +241,8 @@ def replay(
                 over += g.test_loss > budget
                 kept.append(g.flop_speedup / best_ok)
             out.append({
-                "rule": setting.label, "n": n, "pool": len(pool), "resamples": resamples,
+                "rule": setting.label + ("" if prior is None else f", floored at {prior.id}"),
+                "default": setting == RuleSetting(), "budget": budget, "n": n, "pool": len(pool), "resamples": resamples,
                 "over_budget": over / resamples, "speed_kept": statistics.fmean(kept),
                 "no_pick": none / resamples,
                 "most_common_pick": max(set(picks), key=picks.count) if picks else "-",
@@ -264,11 +276,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="with per-example rows of benchmarks/record_grid.py: --rows is the validation file, this the test one",
     )
-    p.add_argument("--budget", type=float, default=2.0, help="task-score points")
+    p.add_argument("--budget", default="2", help="task-score points (comma-separated: one table each)")
     p.add_argument("--sizes", default=None, help="validation sizes n to draw (default: the pool's size)")
     p.add_argument("--resamples", type=int, default=500)
     p.add_argument("--out", default=None, help="also write the results as JSON here (dated)")
+    p.add_argument(
+        "--prior",
+        default=None,
+        help="a slope prior JSON: replay the rule with its floor (default: the study's own calibration alone)",
+    )
+    p.add_argument("--settings", choices=("all", "default"), default="all", help="rule settings replayed")
     args = p.parse_args(argv)
+    budgets = [float(b) for b in args.budget.split(",")]
+    prior = None if args.prior is None else SlopePrior.load(args.prior)
     grid = (
         load_example_rows(Path(args.rows), Path(args.test_rows))
         if args.test_rows
@@ -277,21 +297,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     pool = len(grid[0].validation)
     n_test = len({k for g in grid[:1] for k in g.datasets}) - pool
     sizes = [pool] if args.sizes is None else [int(s) for s in args.sizes.split(",")]
-    print(
-        f"{len(grid)} schedules, {pool} validation / {n_test} test examples, budget {args.budget} score points"
-    )
-    results = replay(grid, args.budget, sizes, args.resamples)
-    print(table(results))
-    print(
-        f"fastest schedule within budget on test: {results[0]['best_within_budget_on_test']:.2f}x FLOP speedup"
-    )
+    print(f"{len(grid)} schedules, {pool} validation / {n_test} test examples")
+    settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
+    results = []
+    for budget in budgets:
+        part = replay(grid, budget, sizes, args.resamples, settings, prior)
+        print(f"budget {budget:g} score points\n{table(part)}")
+        print(
+            f"fastest schedule within budget on test: {part[0]['best_within_budget_on_test']:.2f}x FLOP speedup"
+        )
+        results += part
     if args.out:
         payload = {
             "date": date.today().isoformat(),
             "rows": args.rows,
-            "budget": args.budget,
+            "test_rows": args.test_rows,
+            "prior": None if prior is None else prior.id,
+            "budgets": budgets,
             "results": results,
-        }
+            # the power curve: the default rule's rows, as benchmarks/slope_prior.py --power reads them
+            "power": [
+                {"budget": r["budget"], "n": r["n"], "exceed_rate": r["over_budget"],
+                 "speed_ratio": r["speed_kept"], "replays": r["resamples"]}
+                for r in results if r["default"]
+            ],
+        }  # fmt: skip
         Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 
