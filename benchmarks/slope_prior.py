@@ -3,8 +3,9 @@
     python benchmarks/slope_prior.py [--rows benchmarks/data/grid-smollm2-135m-openqa-validation-1024.jsonl]
         [--power benchmarks/data/decision_rule.openqa.json] [--out tuner/statistics/priors/<model>.json]
 
-Reads the validation rows of ``benchmarks/record_grid.py``: every LazyLLM schedule with a KL, on the
-examples all of them share, macro-weighted over the datasets. Fits the pooled slope through the
+Reads the validation rows of ``benchmarks/record_grid.py``: every LazyLLM schedule with a KL (while
+the grid is being recorded, those on at least half as many examples as the fullest), on the examples
+all of them share, macro-weighted over the datasets. Fits the pooled slope through the
 origin with the product's own estimator (:func:`tuner.statistics.calibration.bootstrap_slopes`, the
 cluster bootstrap over examples a study's calibration uses) and records its one-sided bounds at
 levels 0.50..0.99. ``--power`` adds the power curve that ``benchmarks/decision_rule.py --out``
@@ -31,6 +32,9 @@ from tuner.statistics.prior import PRIOR_DIR, PowerPoint, SlopePrior, power_poin
 
 LEVELS = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
 N_BOOT = 4000
+MIN_PACKAGED = 200
+"""A packaged prior rests on at least this many validation examples (issue 30: a calibration with
+power); a thinner one would floor studies at a slope its own noise could not tell from zero."""
 
 
 def distinct(path: Path, rows: dict[str, dict[str, Any]]) -> list[str]:
@@ -57,6 +61,8 @@ def scored_schedules(path: Path) -> tuple[list[ScoredSchedule], list[str], dict[
             f"{path}: no LazyLLM rows with a KL; record the grid first (benchmarks/record_grid.py)"
         )
     names = distinct(path, rows)
+    most = max(len(rows[n]) for n in names)  # a grid still being recorded: its fuller schedules
+    names = [n for n in names if 2 * len(rows[n]) >= most]
     keys = sorted(set.intersection(*(set(rows[n]) for n in names)))
     if not keys:
         raise SystemExit(f"{path}: the schedules share no example yet; record more of the grid")
@@ -81,9 +87,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--power", default=None, help="benchmarks/decision_rule.py --out JSON on the same grid")
     p.add_argument("--out", default=None, help="default: tuner/statistics/priors/<model>.json")
+    p.add_argument(
+        "--min-examples",
+        type=int,
+        default=MIN_PACKAGED,
+        help="fewest shared examples a prior written into the package may rest on",
+    )
     args = p.parse_args(argv)
     rows = Path(args.rows)
     scored, names, weights, _ = scored_schedules(rows)
+    shared = len(set.intersection(*(set(s.kl) for s in scored)))
+    if args.out is None and shared < args.min_examples:
+        raise SystemExit(
+            f"{rows}: the schedules share {shared} validation examples, fewer than the {args.min_examples} a "
+            "packaged prior rests on (studies would read it); record more of the grid, or write it elsewhere "
+            "with --out to look at it"
+        )
     boot = bootstrap_slopes(scored, weights, n_boot=N_BOOT)
     if boot is None:
         raise SystemExit(f"{rows}: no schedule drifted; nothing to fit")

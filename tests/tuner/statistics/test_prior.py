@@ -163,6 +163,13 @@ def test_the_builder_fits_the_product_estimator_on_grid_rows(
     assert prior.slope == pytest.approx((loss_a + loss_b) / (0.2 + 0.3))
     assert prior.upper(0.9) >= prior.upper(0.6) >= prior.slope - 1e-9
     assert "on 12 examples x 2 schedules" in capsys.readouterr().out
+    # into the package (where studies read it) only on enough examples; nothing is written otherwise
+    from tuner.statistics.prior import PRIOR_DIR
+
+    before = sorted(PRIOR_DIR.glob("*.json")) if PRIOR_DIR.exists() else []
+    with pytest.raises(SystemExit, match="share 12 validation examples, fewer than the 200"):
+        _bench("slope_prior").main(["--rows", str(rows), "--model", "tiny-test-model"])
+    assert (sorted(PRIOR_DIR.glob("*.json")) if PRIOR_DIR.exists() else []) == before
 
 
 def test_a_study_reads_the_prior_once_and_refuses_a_bad_one(tmp_path: Path) -> None:
