@@ -795,6 +795,7 @@ class LazyLLM:
         top_p: float | None = None,
         repetition_penalty: float | None = None,
         seed: int | None = None,
+        prefix: PromptPrefix | None = None,
     ) -> GenerationResult:
         """Decoding with LazyLLM pruning in the prefill and at every step (greedy unless told to sample).
 
@@ -811,6 +812,9 @@ class LazyLLM:
                 (its decoding fields); the keyword arguments below override it.
             do_sample, temperature, top_k, top_p, repetition_penalty, seed: transformers' names and
                 meaning (:mod:`lazyllm.sampling`). The pruning is the same whatever they are.
+            prefix: the unpruned prefill of this very prompt (:meth:`capture_prefix` of a keep-all engine);
+                the prefill then starts at the schedule's first pruning layer, with the same result. For
+                scoring many schedules on one prompt; the TTFT it reports leaves out the prefix's layers.
         """
         sampling = Sampling.resolve(
             generation_config, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -818,7 +822,9 @@ class LazyLLM:
         )  # fmt: skip
         t0 = time.perf_counter()
         ids, stop = self._prepare(prompt, max_new_tokens, chat, eos_token_id, stop_strings)
-        steps = self._decode(ids, stop, t0, max_new_tokens, sampling, return_logits, trace)
+        if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
+            raise ValueError("prefix was captured from another prompt; capture it from this one")
+        steps = self._decode(ids, stop, t0, max_new_tokens, sampling, return_logits, trace, prefix)
         while True:
             try:
                 next(steps)
@@ -897,6 +903,7 @@ class LazyLLM:
         sampling: Sampling,
         return_logits: bool,
         trace: bool,
+        prefix: PromptPrefix | None = None,
     ) -> Generator[list[int], None, GenerationResult]:
         """The decoding loop over ``ids`` ``[1, N]``: yields the tokens so far after each new one and
         returns the :class:`GenerationResult` (``t0``: when the call began, for TTFT and total)."""
@@ -910,7 +917,7 @@ class LazyLLM:
         ttft = 0.0
         next_input, start = ids, 0
         for step in range(max_new_tokens):
-            logits = self._forward(gen, next_input, start)
+            logits = self._forward(gen, next_input, start, prefix=prefix if step == 0 else None)
             if picker is None:
                 token = int(logits[0].argmax())
                 picked = None

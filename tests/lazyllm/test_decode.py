@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -115,6 +116,35 @@ def test_frozen_decoding_attends_the_prefill_survivors(model_pair: Callable[[str
         assert step.scores == {}  # nothing ranked: no scoring work in a frozen step
     assert result.aux_peak_entries == 0 and result.revived_pairs == 0
     assert result.prompt_computed_per_step == [result.prompt_computed_per_step[0]] * 5
+
+
+@pytest.mark.parametrize("revival", ["dynamic", "frozen", "budget:3"])
+@pytest.mark.parametrize("scoring", ["last", "fastkv"])
+def test_a_captured_prefix_gives_the_same_generation(
+    revival: str, scoring: str, model_pair: Callable[[str], tuple[Any, Any]]
+) -> None:
+    """generate(prefix=...) starts the prefill at the first pruning layer: same tokens, logits and
+    accounting as the whole prefill (what an evaluation of many schedules on one prompt relies on)."""
+    sdpa, _ = model_pair("qwen2")
+    ids = prompt(40, seed=5)
+    keep = LazyLLM(sdpa, Schedule.keep_all("tiny-qwen2", 5))
+    prefix = keep.capture_prefix(ids)
+    schedule = Schedule("tiny-qwen2", (0.0, 0.0, 60.0, 40.0, 0.0), revival=revival).with_scoring(scoring)
+    engine = LazyLLM(sdpa, schedule)
+    whole = engine.generate(ids, max_new_tokens=6, eos_token_id=[], return_logits=True)
+    resumed = engine.generate(ids, max_new_tokens=6, eos_token_id=[], return_logits=True, prefix=prefix)
+    assert resumed.token_ids == whole.token_ids
+    for a, b in zip(resumed.step_logits, whole.step_logits):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert resumed.prompt_computed_per_layer == whole.prompt_computed_per_layer
+    assert resumed.prompt_computed_per_step == whole.prompt_computed_per_step
+    assert (resumed.aux_peak_entries, resumed.revived_pairs) == (whole.aux_peak_entries, whole.revived_pairs)
+    with pytest.raises(ValueError, match="captured from another prompt"):
+        engine.generate(prompt(40, seed=6), max_new_tokens=2, prefix=prefix)
+    # the prefix is really what the prefill starts from: a tampered one changes the first logits
+    bent = dataclasses.replace(prefix, inputs=tuple(x + 1.0 for x in prefix.inputs))
+    first = engine.generate(ids, max_new_tokens=1, eos_token_id=[], return_logits=True, prefix=bent)
+    assert not torch.allclose(first.step_logits[0], whole.step_logits[0], atol=1e-3)
 
 
 def test_budget_bounds_revivals_and_is_dynamic_when_large(
