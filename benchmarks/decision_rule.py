@@ -31,6 +31,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -123,22 +124,35 @@ def load_grid(path: Path) -> list[GridSchedule]:
     return out
 
 
-def load_example_rows(validation: Path, test: Path) -> list[GridSchedule]:
+def held_out(key: str, share: float) -> bool:
+    """Whether example ``key`` is in the held-out ``share`` of a one-split pool (a hash of the key)."""
+    return hashlib.sha256(key.encode()).digest()[0] < 256 * share
+
+
+def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5) -> list[GridSchedule]:
     """The schedules of ``benchmarks/record_grid.py``'s per-example rows (one file per split, each with
     its ``<file>.schedules.json``): LazyLLM schedules with a KL only (a peer method has none, so a
     fidelity study could not rank it), on the examples every such schedule has in both files (a grid
-    still being recorded is replayed on what it holds)."""
+    still being recorded is replayed on what it holds: its schedules recorded on at least half as many
+    examples as the fullest). Without ``test`` the validation rows are split in two by a hash of the
+    example key, ``holdout`` of them standing in for test (the two splits are hashed alike from one
+    distribution, so this previews the power curve before the test split is recorded)."""
     schedules = json.loads(validation.with_suffix(".schedules.json").read_text())
     rows: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}  # split -> schedule -> example -> row
-    for split, path in (("validation", validation), ("test", test)):
+    sources = (("validation", validation),) if test is None else (("validation", validation), ("test", test))
+    for split, path in sources:
         for line in path.read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
                 if r.get("kl_nats_per_token") is not None:
-                    rows.setdefault(split, {}).setdefault(r["schedule"], {})[r["example"]] = r
+                    part = "test" if test is None and held_out(r["example"], holdout) else split
+                    rows.setdefault(part, {}).setdefault(r["schedule"], {})[r["example"]] = r
     names = [
         n for n, s in schedules.items() if s.get("schedule") and all(n in rows.get(sp, {}) for sp in rows)
     ]
+    if names:
+        most = max(len(rows["validation"].get(n, {})) for n in names)
+        names = [n for n in names if 2 * len(rows["validation"].get(n, {})) >= most]
     seen: dict[str, str] = {}  # an older grid may hold one schedule under two names: the fuller stays
     for n in sorted(names, key=lambda n: -len(rows["validation"].get(n, {}))):
         seen.setdefault(json.dumps(schedules[n]["schedule"], sort_keys=True), n)
@@ -276,6 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="with per-example rows of benchmarks/record_grid.py: --rows is the validation file, this the test one",
     )
+    p.add_argument(
+        "--holdout",
+        type=float,
+        default=0.5,
+        help="with per-example --rows and no --test-rows: this share of the validation examples stands in for test",
+    )
     p.add_argument("--budget", default="2", help="task-score points (comma-separated: one table each)")
     p.add_argument("--sizes", default=None, help="validation sizes n to draw (default: the pool's size)")
     p.add_argument("--resamples", type=int, default=500)
@@ -289,9 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     budgets = [float(b) for b in args.budget.split(",")]
     prior = None if args.prior is None else SlopePrior.load(args.prior)
+    per_example = Path(args.rows).with_suffix(".schedules.json").exists()
     grid = (
-        load_example_rows(Path(args.rows), Path(args.test_rows))
-        if args.test_rows
+        load_example_rows(Path(args.rows), Path(args.test_rows) if args.test_rows else None, args.holdout)
+        if per_example
         else load_grid(Path(args.rows))
     )
     pool = len(grid[0].validation)

@@ -115,3 +115,27 @@ def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> N
     half = grid[1]
     assert sorted(half.validation) == ["d/validation0", "d/validation1"]  # the shared examples only
     assert half.validation["d/validation0"] == (0.1, 25.0) and half.test_loss == pytest.approx(25.0)
+
+
+def test_a_one_split_grid_is_replayed_on_a_hashed_holdout(tmp_path: Path) -> None:
+    """Before the test split is recorded, part of the validation pool stands in for it: by a hash of
+    the example key, disjoint, every shared example on one side."""
+    import json
+
+    bench = _benchmark()
+    table = {n: {"schedule": Schedule("m", (0.0, p, 0.0, 0.0)).to_json()} for n, p in (("a", 0.0), ("b", 50.0))}
+    (tmp_path / "v.schedules.json").write_text(json.dumps(table))
+    keys = [f"d{i % 2}/q{i}" for i in range(40)]
+    lines = [
+        {"schedule": n, "example": k, "dataset": k[:2], "score": 0.4, "baseline_score": 0.5,
+         "kl_nats_per_token": 0.1 * (n == "b"), "flop_speedup": 1.0}
+        for n in table for k in keys
+    ]  # fmt: skip
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    grid = bench.load_example_rows(tmp_path / "v.jsonl", None, 0.5)
+    val = set(grid[0].validation)
+    test = {k.removeprefix("test:") for k in grid[0].datasets} - val
+    assert val and test and not val & test and val | test == set(keys)
+    assert test == {k for k in keys if bench.held_out(k, 0.5)}
+    assert 8 <= len(test) <= 32  # about half
+    assert grid[1].test_loss == pytest.approx(10.0)
