@@ -31,12 +31,11 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -45,8 +44,9 @@ import numpy as np
 
 from lazyllm.schedule import Revival, Schedule
 from lazyllm.scoring import Scoring
+from tuner.data.longbench import unit_hash
 from tuner.stages.rule import pooled_rule
-from tuner.statistics.bootstrap import estimate, macro_weights
+from tuner.statistics.bootstrap import estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule
 from tuner.statistics.losses import KL_PER_POINT, FidelityLoss, ScoreLoss
 from tuner.statistics.prior import SlopePrior
@@ -69,6 +69,7 @@ class GridSchedule:
     validation: Mapping[str, tuple[float, float]]  # key -> (kl, task loss)
     datasets: Mapping[str, str]  # key -> dataset
     test_loss: float  # macro mean task loss on test, points
+    baselines: Mapping[str, float] = field(default_factory=dict)  # validation key -> unpruned score, points
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,14 @@ def load_grid(path: Path) -> list[GridSchedule]:
     return out
 
 
+HOLDOUT_SEED = 7919
+"""Seed of the one-split holdout hash: not the split's own seed, whose hash put every validation
+example below the validation share."""
+
+
 def held_out(key: str, share: float) -> bool:
     """Whether example ``key`` is in the held-out ``share`` of a one-split pool (a hash of the key)."""
-    return hashlib.sha256(key.encode()).digest()[0] < 256 * share
+    return unit_hash(HOLDOUT_SEED, key) < share
 
 
 def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5) -> list[GridSchedule]:
@@ -177,7 +183,7 @@ def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5)
             GridSchedule(
                 name, Schedule.from_json(schedules[name]["schedule"]), float(next(iter(val.values()))["flop_speedup"]),
                 {k: (float(r["kl_nats_per_token"]), 100.0 * (r["baseline_score"] - r["score"])) for k, r in val.items()},
-                datasets, loss,
+                datasets, loss, {k: 100.0 * r["baseline_score"] for k, r in val.items()},
             )
         )  # fmt: skip
     return out
@@ -241,9 +247,12 @@ def replay(
                         r.number, r.per_example, {d: g.validation[k][1] for d, k in index.items()}
                     )
 
+                baseline = None
+                if grid[0].baselines:  # the draw's unpruned score, what a scaled prior is read at
+                    baseline = weighted_mean([grid[0].baselines[k] for k in keys], list(weights.values()))
                 decision = pooled_rule(
-                    records, cap, task, setting.k, weights, evidence,
-                    level=setting.level, confidence=CONFIDENCE, prior=prior, n_boot=N_BOOT, seed=i,
+                    records, cap, task, setting.k, weights, evidence, level=setting.level,
+                    confidence=CONFIDENCE, prior=prior, baseline_score=baseline, n_boot=N_BOOT, seed=i,
                 )  # fmt: skip
                 pick = decision.picked
                 if pick is None:

@@ -26,12 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from tuner.statistics.bootstrap import macro_weights
+from tuner.data.longbench import unit_hash
+from tuner.statistics.bootstrap import macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule, bootstrap_slopes
-from tuner.statistics.prior import PRIOR_DIR, PowerPoint, SlopePrior, power_points, sha256_of
+from tuner.statistics.prior import PRIOR_DIR, SCALINGS, PowerPoint, SlopePrior, power_points, sha256_of
 
 LEVELS = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
 N_BOOT = 4000
+HOLDOUT_SEED = 7919  # benchmarks/decision_rule.py's (a test checks they agree)
 MIN_PACKAGED = 200
 """A packaged prior rests on at least this many validation examples (issue 30: a calibration with
 power); a thinner one would floor studies at a slope its own noise could not tell from zero."""
@@ -47,9 +49,12 @@ def distinct(path: Path, rows: dict[str, dict[str, Any]]) -> list[str]:
     return sorted(best.values())
 
 
-def scored_schedules(path: Path) -> tuple[list[ScoredSchedule], list[str], dict[str, float], dict[str, Any]]:
-    """The grid's LazyLLM schedules as scored evidence on the examples all of them hold, their names,
-    the macro weights and the rows' common settings (model, task, prompt length)."""
+def scored_schedules(
+    path: Path, holdout: float | None = None
+) -> tuple[list[ScoredSchedule], list[str], dict[str, float], float]:
+    """The grid's LazyLLM schedules as scored evidence on the examples all of them hold (with
+    ``holdout``: only those ``benchmarks/decision_rule.py --holdout`` keeps in its pool), their names,
+    the macro weights and the unpruned score on those examples (points, macro over datasets)."""
     rows: dict[str, dict[str, dict[str, Any]]] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
@@ -64,6 +69,8 @@ def scored_schedules(path: Path) -> tuple[list[ScoredSchedule], list[str], dict[
     most = max(len(rows[n]) for n in names)  # a grid still being recorded: its fuller schedules
     names = [n for n in names if 2 * len(rows[n]) >= most]
     keys = sorted(set.intersection(*(set(rows[n]) for n in names)))
+    if holdout is not None:
+        keys = [k for k in keys if not unit_hash(HOLDOUT_SEED, k) < holdout]
     if not keys:
         raise SystemExit(f"{path}: the schedules share no example yet; record more of the grid")
     first = rows[names[0]]
@@ -76,7 +83,8 @@ def scored_schedules(path: Path) -> tuple[list[ScoredSchedule], list[str], dict[
         )
         for i, n in enumerate(names)
     ]
-    return scored, names, weights, first[keys[0]]
+    baseline = weighted_mean([100.0 * first[k]["baseline_score"] for k in keys], [weights[k] for k in keys])
+    return scored, names, weights, baseline
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,6 +94,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--task", default="openqa")
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--power", default=None, help="benchmarks/decision_rule.py --out JSON on the same grid")
+    p.add_argument(
+        "--scaling",
+        choices=SCALINGS,
+        default="absolute",
+        help="baseline: read the slope relative to the unpruned score, rescaled to each study's",
+    )
+    p.add_argument(
+        "--holdout",
+        type=float,
+        default=None,
+        help="fit only on the pool side of decision_rule.py --holdout (to replay it with --prior unbiased)",
+    )
     p.add_argument("--out", default=None, help="default: tuner/statistics/priors/<model>.json")
     p.add_argument(
         "--min-examples",
@@ -95,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     rows = Path(args.rows)
-    scored, names, weights, _ = scored_schedules(rows)
+    scored, names, weights, baseline = scored_schedules(rows, args.holdout)
     shared = len(set.intersection(*(set(s.kl) for s in scored)))
     if args.out is None and shared < args.min_examples:
         raise SystemExit(
@@ -123,11 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         source_sha256=sha256_of(rows),
         created=dt.date.today().isoformat(),
         power=power,
+        baseline_score=baseline,
+        scaling=args.scaling,
     )
     out = prior.save(args.out or PRIOR_DIR / f"{args.model}.json")
     print(
         f"{prior.id}: slope {prior.slope:.2f} points per nat (bound {prior.upper(0.6):.2f} at 60%, "
-        f"{prior.upper(0.9):.2f} at 90%) on {len(keys)} examples x {len(names)} schedules -> {out}"
+        f"{prior.upper(0.9):.2f} at 90%) on {len(keys)} examples x {len(names)} schedules, unpruned score "
+        f"{baseline:.1f}, {args.scaling} -> {out}"
     )
     for n, k, t in zip(names, kl_means, tl_means):
         print(f"  {n:48s} KL {k:.3f} nats  task loss {t:6.2f} points")

@@ -382,7 +382,7 @@ VALIDATION_FRACTION = 0.3
 """Default share of each dataset in ``validation`` (tuned on); the other ~70% is ``test`` (reported)."""
 
 
-def _unit_hash(seed: int, record_id: str) -> float:
+def unit_hash(seed: int, record_id: str) -> float:
     """A uniform-looking number in [0, 1) from sha256 of ``f"{seed}:{record_id}"`` (first 8 bytes)."""
     digest = hashlib.sha256(f"{seed}:{record_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
@@ -406,7 +406,7 @@ def _in_validation(records: Sequence[Keyed], seed: int, validation_fraction: flo
     by_dataset: dict[str, list[int]] = {}
     for index, record in enumerate(records):
         by_dataset.setdefault(record.dataset, []).append(index)
-    hashes = [_unit_hash(seed, record.id) for record in records]
+    hashes = [unit_hash(seed, record.id) for record in records]
     flags = [h < validation_fraction for h in hashes]
     for indices in by_dataset.values():
         if len(indices) < 2:

@@ -70,7 +70,12 @@ def power_sentence(d: Decision) -> str:
             "calibration stands on its own examples, however few. "
         )
     own = f"its own slope is {f.own_slope:.1f} (bound {f.own_upper:.1f}) points per nat"
-    prior = f"the open-QA prior {f.prior} ({f.prior_slope:.1f}, bound {f.prior_upper:.1f}, n={f.prior_n_examples})"
+    read = (
+        ""
+        if f.baseline_score is None
+        else f" at this study's unpruned score {f.baseline_score:.1f}, {f.scale:.2f}x the grid's"
+    )
+    prior = f"the open-QA prior {f.prior} ({f.prior_slope:.1f}, bound {f.prior_upper:.1f}{read}, n={f.prior_n_examples})"
     if f.examples_needed is None:
         need = (
             f"No power curve for a {d.budget:g}-point budget is recorded with {prior} yet, so the study counts "

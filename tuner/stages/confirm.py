@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.evaluation.runner import loss_estimate
+from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
 from tuner.stages.rule import pooled_rule
 from tuner.stages.trial import TrialRunner
@@ -246,6 +246,7 @@ def confirm_pooled(
     decision = pooled_rule(
         records, runner.search_loss, runner.budget.task, k, on.weights, evidence,
         level=runner.settings.decision_level, confidence=level, prior=runner.settings.prior,
+        baseline_score=macro_score(on.baseline.results),
     )  # fmt: skip
     picked = decision.picked
     out: list[CandidateResult] = []

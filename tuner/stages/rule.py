@@ -116,6 +116,7 @@ def pooled_rule(
     level: float,
     confidence: float | None = None,
     prior: SlopePrior | None = None,
+    baseline_score: float | None = None,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
 ) -> PooledDecision:
@@ -131,12 +132,14 @@ def pooled_rule(
         level: the slope bound's level that decides (``--decision-level``).
         confidence: the level the calibration also reports (``--confidence``).
         prior: the model's slope prior (``--slope-prior``), the floor of an underpowered calibration.
+        baseline_score: the unpruned model's score on the evidence's examples (points, macro), what
+            a prior that scales by it is read at.
     """
     front = feasible_front(records, search_loss)
     drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
     scored = tuple(evidence(r) for r in spread(drifting, k))
     calibration = fit(scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed)
     if calibration is not None and prior is not None:
-        calibration = calibration.floored(prior, budget.budget)
+        calibration = calibration.floored(prior, budget.budget, baseline_score)
     verdicts = tuple(Verdict(r, *judge(r.values[1], calibration, budget)) for r in front)
     return PooledDecision(tuple(front), scored, calibration, verdicts)

@@ -89,6 +89,9 @@ class Floor:
             curve recorded, or none of its ``n`` reached the target).
         applied: whether the study was underpowered, so the floor applies.
         target_rate: the power curve's target rate of picks over budget on test.
+        scale: the factor the prior's slope was read at (1 for an ``absolute`` prior; the study's
+            unpruned score over the grid's for ``baseline``); ``prior_*`` are after it.
+        baseline_score: the study's unpruned score (points) it was scaled to (None: not scaled).
     """
 
     prior: str
@@ -102,6 +105,8 @@ class Floor:
     examples_needed: int | None
     applied: bool
     target_rate: float = 0.10
+    scale: float = 1.0
+    baseline_score: float | None = None
 
     @property
     def binds(self) -> bool:
@@ -129,6 +134,8 @@ class Floor:
             examples_needed=None if need is None else int(need),
             applied=bool(data["applied"]),
             target_rate=float(data.get("target_rate", 0.10)),
+            scale=float(data.get("scale", 1.0)),
+            baseline_score=opt("baseline_score"),
         )
 
 
@@ -169,18 +176,20 @@ class Calibration:
         if self.confidence is not None:
             check_level(self.confidence)
 
-    def floored(self, prior: SlopePrior, budget: float) -> Calibration:
+    def floored(self, prior: SlopePrior, budget: float, baseline_score: float | None = None) -> Calibration:
         """This calibration checked against ``prior`` at ``budget`` (points): when its examples are
         fewer than the prior's power curve asks for (or the curve is not recorded), the slope and its
-        bounds become at least the prior's (see the module docstring)."""
+        bounds become at least the prior's, read at the study's unpruned ``baseline_score`` (points)
+        for a prior that scales by it (see the module docstring)."""
         need = prior.examples_needed(budget)
         applied = need is None or self.n_examples < need
-        at_conf = None if self.confidence is None else prior.upper(self.confidence)
+        scale = prior.scale(baseline_score)
+        at_conf = None if self.confidence is None else scale * prior.upper(self.confidence)
         floor = Floor(
             prior=prior.id,
             prior_n_examples=prior.n_examples,
-            prior_slope=prior.slope,
-            prior_upper=prior.upper(self.level),
+            prior_slope=scale * prior.slope,
+            prior_upper=scale * prior.upper(self.level),
             prior_upper_confidence=at_conf,
             own_slope=self.slope,
             own_upper=self.slope_upper,
@@ -188,6 +197,8 @@ class Calibration:
             examples_needed=need,
             applied=applied,
             target_rate=prior.target_rate,
+            scale=scale,
+            baseline_score=None if prior.scaling == "absolute" else baseline_score,
         )
         if not applied:
             return replace(self, floor=floor)

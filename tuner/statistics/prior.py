@@ -18,6 +18,11 @@ is underpowered), the calibration's slope and its bounds are floored at the prio
 reads as less cost than the large grid measured. With enough examples the study's own calibration
 decides alone. A floor, not a blend: the prior was measured on other prompts than the user's task,
 so it may only make the rule more careful, never less.
+
+**Scaling.** Task-score points per nat depend on how much score there is to lose: a schedule cannot
+lose more than the unpruned model scores. A prior with ``scaling = "baseline"`` is read relative to
+the grid's unpruned score (:attr:`SlopePrior.baseline_score`) and rescaled to the study's own
+(:meth:`SlopePrior.scale`); ``absolute`` applies its points per nat as they are.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from tuner.statistics.bootstrap import check_level
 PRIOR_DIR = Path(__file__).parent / "priors"
 """Where the packaged priors live, one ``<model>.json`` each."""
 FORMAT = 1
+SCALINGS = ("absolute", "baseline")
 DEFAULT_TARGET_RATE = 0.10
 """The power curve's target: a study is powered once its pick exceeds the budget on test in at most
 this share of replays (issue 30's bar)."""
@@ -82,6 +88,8 @@ class SlopePrior:
         created: ISO date.
         power: the power curve on the same grid (may be empty: not recorded yet).
         target_rate: the power curve's target exceed rate.
+        baseline_score: the grid's unpruned score on those examples (points, macro over datasets).
+        scaling: ``absolute`` or ``baseline`` (see the module docstring).
     """
 
     model: str
@@ -96,6 +104,8 @@ class SlopePrior:
     created: str
     power: tuple[PowerPoint, ...] = ()
     target_rate: float = DEFAULT_TARGET_RATE
+    baseline_score: float | None = None
+    scaling: str = "absolute"
     format: int = field(default=FORMAT)
 
     def __post_init__(self) -> None:
@@ -114,6 +124,21 @@ class SlopePrior:
             raise ValueError("slope prior bounds: levels must be strictly increasing")
         if not 0 < self.target_rate < 1:
             raise ValueError(f"target_rate = {self.target_rate}: must be in (0, 1)")
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"scaling = {self.scaling!r}: must be one of {', '.join(SCALINGS)}")
+        if self.scaling == "baseline" and not (self.baseline_score or 0) > 0:
+            raise ValueError("scaling = 'baseline' needs the grid's baseline_score > 0")
+
+    def scale(self, baseline_score: float | None) -> float:
+        """The factor on the prior's slope for a study whose unpruned score is ``baseline_score``
+        (points): 1 for ``absolute``; the ratio of the scores for ``baseline`` (a study that does not
+        know its score, or scores 0, gets 1 and 0 alike: nothing to lose is no cost)."""
+        if self.scaling == "absolute":
+            return 1.0
+        if baseline_score is None:
+            raise ValueError(f"the slope prior {self.id} scales by the unpruned score; give the study's")
+        assert self.baseline_score is not None
+        return max(baseline_score, 0.0) / self.baseline_score
 
     @property
     def id(self) -> str:
@@ -159,6 +184,8 @@ class SlopePrior:
             "source_sha256": self.source_sha256,
             "created": self.created,
             "target_rate": self.target_rate,
+            "baseline_score": self.baseline_score,
+            "scaling": self.scaling,
             "power": [vars(p) for p in self.power],
         }
 
@@ -177,6 +204,8 @@ class SlopePrior:
             created=str(data["created"]),
             power=tuple(PowerPoint(**p) for p in data.get("power", [])),
             target_rate=float(data.get("target_rate", DEFAULT_TARGET_RATE)),
+            baseline_score=None if data.get("baseline_score") is None else float(data["baseline_score"]),
+            scaling=str(data.get("scaling", "absolute")),
             format=int(data["format"]),
         )
 

@@ -378,7 +378,9 @@ class Tracker:
         }
         if floor.examples_needed is not None:
             values["calibration.examples_needed"] = float(floor.examples_needed)
-        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])
+        self.client.log_batch(
+            self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
+        )
 
     # --- child runs -------------------------------------------------------------------------------
     def trial_run_id(self, number: int) -> str | None:

@@ -162,6 +162,12 @@ def test_the_builder_fits_the_product_estimator_on_grid_rows(
     loss_b = 100 * (3 / 6 + 0 / 6) / 2  # i % 4 == 0: i = 0, 4, 8, all of them h
     assert prior.slope == pytest.approx((loss_a + loss_b) / (0.2 + 0.3))
     assert prior.upper(0.9) >= prior.upper(0.6) >= prior.slope - 1e-9
+    assert prior.baseline_score == pytest.approx(100.0) and prior.scaling == "absolute"
+    # fitted on decision_rule.py's pool side only: the held-out examples are left out
+    half = tmp_path / "half.json"
+    assert _bench("slope_prior").main(["--rows", str(rows), "--out", str(half), "--holdout", "0.5"]) == 0
+    kept = SlopePrior.load(half).n_examples
+    assert kept == sum(not _bench("decision_rule").held_out(f"{'hs'[i % 2]}/{i}", 0.5) for i in range(12))
     assert "on 12 examples x 2 schedules" in capsys.readouterr().out
     # into the package (where studies read it) only on enough examples; nothing is written otherwise
     from tuner.statistics.prior import PRIOR_DIR
@@ -184,3 +190,26 @@ def test_a_study_reads_the_prior_once_and_refuses_a_bad_one(tmp_path: Path) -> N
     )
     with pytest.raises(ValueError, match=r"holds bounds for 0\.5\.\.0\.8"):
         SearchSettings(slope_prior=str(narrow))  # the rule reads the bound at --confidence 0.9
+
+
+def test_a_baseline_scaled_prior_is_read_at_the_studys_unpruned_score() -> None:
+    """12 points per nat measured where the unpruned model scores 8: a study scoring 16 has twice as
+    much to lose, so its floor is 24; an absolute prior ignores the score."""
+    base = {**vars(_prior(12.0)), "baseline_score": 8.0}
+    scaled = SlopePrior(**{**base, "scaling": "baseline"})
+    assert scaled.scale(16.0) == 2.0 and scaled.scale(-1.0) == 0.0
+    assert SlopePrior(**base).scale(16.0) == 1.0
+    floored = _no_cost(13).floored(scaled, 2.0, baseline_score=16.0)
+    assert (floored.slope, floored.slope_upper, floored.slope_upper_confidence) == (24.0, 26.0, 32.0)
+    assert floored.floor is not None and (floored.floor.scale, floored.floor.baseline_score) == (2.0, 16.0)
+    assert Calibration.from_dict(json.loads(json.dumps(floored.to_dict()))) == floored
+    with pytest.raises(ValueError, match="scales by the unpruned score; give the study's"):
+        _no_cost(13).floored(scaled, 2.0)
+    with pytest.raises(ValueError, match="needs the grid's baseline_score > 0"):
+        SlopePrior(**{**vars(_prior(12.0)), "scaling": "baseline"})
+    with pytest.raises(ValueError, match="scaling = 'relative'"):
+        SlopePrior(**{**base, "scaling": "relative"})
+
+
+def test_the_prior_builder_and_the_replay_hold_out_the_same_examples() -> None:
+    assert _bench("slope_prior").HOLDOUT_SEED == _bench("decision_rule").HOLDOUT_SEED
