@@ -123,7 +123,9 @@ def test_a_one_split_grid_is_replayed_on_a_hashed_holdout(tmp_path: Path) -> Non
     import json
 
     bench = _benchmark()
-    table = {n: {"schedule": Schedule("m", (0.0, p, 0.0, 0.0)).to_json()} for n, p in (("a", 0.0), ("b", 50.0))}
+    table = {
+        n: {"schedule": Schedule("m", (0.0, p, 0.0, 0.0)).to_json()} for n, p in (("a", 0.0), ("b", 50.0))
+    }
     (tmp_path / "v.schedules.json").write_text(json.dumps(table))
     keys = [f"d{i % 2}/q{i}" for i in range(40)]
     lines = [
