@@ -241,11 +241,17 @@ def replay(
                 records, weights = records_of(grid, keys)
                 index = {f"{key}#{j}": key for j, key in enumerate(keys)}
 
-                def evidence(r: TrialRecord, index: Mapping[str, str] = index) -> ScoredSchedule:
-                    g = grid[r.number]  # the recorded task loss of each drawn example
-                    return ScoredSchedule(
-                        r.number, r.per_example, {d: g.validation[k][1] for d, k in index.items()}
-                    )
+                def evidence(
+                    rs: Sequence[TrialRecord], index: Mapping[str, str] = index
+                ) -> list[ScoredSchedule]:  # the recorded task loss of each drawn example
+                    return [
+                        ScoredSchedule(
+                            r.number,
+                            r.per_example,
+                            {d: grid[r.number].validation[k][1] for d, k in index.items()},
+                        )
+                        for r in rs
+                    ]
 
                 baseline = None
                 if grid[0].baselines:  # the draw's unpruned score, what a scaled prior is read at

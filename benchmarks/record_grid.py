@@ -43,11 +43,10 @@ from typing import Any
 import torch
 
 from lazyllm import LazyLLM, Schedule, load_model
-from lazyllm.engine import GenerationResult, PromptPrefix
 from lazyllm.flops import ModelDims
 from lazyllm.methods import METHODS, make_method, peer_names
 from tuner.evaluation.fidelity import FidelityEvaluator
-from tuner.evaluation.runner import Evaluator, Example
+from tuner.evaluation.runner import Evaluator, Example, result_of, run_example
 from tuner.study.handmade import hand_made_grid, one_stage_grid
 from tuner.study.settings import EvalSettings
 
@@ -134,18 +133,6 @@ def check_schedules(path: Path, table: dict[str, Any]) -> None:
             )
         table = {**old, **table}
     path.write_text(json.dumps(table, indent=1, sort_keys=True))
-
-
-class Prefixed:
-    """A LazyLLM engine whose ``generate`` starts every prefill from one example's captured unpruned
-    prefix (:meth:`lazyllm.LazyLLM.generate` ``prefix=``): the same answer without recomputing the
-    layers before the first pruning layer. The grid times nothing, so the shorter TTFT is not read."""
-
-    def __init__(self, engine: LazyLLM, prefix: PromptPrefix | None) -> None:
-        self.engine, self.prefix = engine, prefix
-
-    def generate(self, prompt: Any, **options: Any) -> GenerationResult:
-        return self.engine.generate(prompt, prefix=self.prefix, **options)
 
 
 def view(evaluator: Evaluator, examples: list[Example]) -> Evaluator:
@@ -258,12 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         continue
                     if deadline is not None and time.monotonic() > deadline:
                         return report(start, written)
-                    generator = (
-                        Prefixed(engines[name], sp.fidelity.prefix(ex))
-                        if name in engines
-                        else generators[name]
-                    )
-                    (result,), _ = view(chunk, [ex]).evaluate(name, generator)
+                    if name in engines:  # from the example's captured prefix: the same answer, sooner
+                        result = result_of(name, ex, run_example(engines[name], ex, sp.fidelity.prefix(ex)))
+                    else:
+                        (result,), _ = view(chunk, [ex]).evaluate(name, generators[name])
                     drift = (
                         sp.fidelity.example_drift(engines[name], ex, refs[ex.key])
                         if name in engines

@@ -28,7 +28,7 @@ the next input taken from the given answer instead of the argmax.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +43,16 @@ from lazyllm.engine import LazyLLM, PromptPrefix
 from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
 from tuner.evaluation.integrity import announce_rebuild, tensors_digest
+from tuner.evaluation.runner import ExampleResult, result_of, run_example
 
 DEFAULT_TOP_K = 64
 # unpruned prefills kept per evaluator so trials start at their first pruning layer; past this many
 # bytes (each kept prefill holds every layer of one prompt; see docs/ for a measured size) the rest run in full
 PREFIX_CACHE_BYTES = 2 * 1024**3
+RESUMES_PER_CAPTURE = 3
+"""Passes that must resume from a prompt prefix before :meth:`FidelityEvaluator.score_together`
+captures one that is not cached: capturing costs about one unpruned prefill, and a resumed pass saves
+only the layers before its schedule first prunes."""
 # v2: references teacher-forced in one pass after the prefill (LazyLLM.forced_logits), so a keep-all
 # trial reproduces them bit for bit; v1 files (step by step) are recomputed, not mixed with v2 trials
 _FORMAT = "lazyllm-fidelity-v2"
@@ -320,7 +325,13 @@ class FidelityEvaluator:
         return self.prefixes[example.key]
 
     def example_drift(self, engine: LazyLLM, example: Any, ref: Reference) -> ExampleDrift:
-        prefix = self.prefix(example)
+        """``engine``'s drift on ``example`` against its reference ``ref`` (from the cached prefix if any)."""
+        return self.drift_from(engine, example, ref, self.prefix(example))
+
+    def drift_from(
+        self, engine: LazyLLM, example: Any, ref: Reference, prefix: PromptPrefix | None
+    ) -> ExampleDrift:
+        """:meth:`example_drift` with the prompt's ``prefix`` given (None: the whole prefill)."""
         logits = forced_logits(engine, example.input_ids, ref.answer_ids.tolist(), prefix)
         kl, top1 = drift(ref, logits)
         gold_delta = None
@@ -332,6 +343,32 @@ class FidelityEvaluator:
         return ExampleDrift(
             example.dataset, example.record_id, kl, top1, gold_delta, int(ref.answer_ids.shape[0])
         )
+
+    def score_together(
+        self, engines: Mapping[int, LazyLLM], *, kl: bool, desc: str = "task score"
+    ) -> dict[int, tuple[list[ExampleResult], list[ExampleDrift]]]:
+        """Every engine's task-scored answers and, with ``kl``, its drift, example by example: each
+        prompt's unpruned prefix is taken from the cache or captured, and every engine's prefill
+        (answer and teacher-forced pass) resumes from it: the same answers and KLs as one engine at a
+        time without it. A prefix captured here is dropped after its example, so memory holds one; it
+        is captured only where at least :data:`RESUMES_PER_CAPTURE` passes resume from it (a capture
+        costs about one unpruned prefill, a resumed pass saves the layers before its first prune).
+        The results' TTFTs leave out the prefix's layers: no timing (:mod:`tuner.evaluation.speed` times).
+        """
+        refs = self.references() if kl else {}
+        capture = len(engines) * (2 if kl else 1) >= RESUMES_PER_CAPTURE
+        out: dict[int, tuple[list[ExampleResult], list[ExampleDrift]]] = {n: ([], []) for n in engines}
+        bar = tqdm(self.evaluator.examples, desc=desc, disable=not self.evaluator.progress, leave=False)
+        for ex in bar:
+            prefix = self.prefixes.get(ex.key)
+            if prefix is None and capture:
+                prefix = self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids))
+            for number, engine in engines.items():
+                results, drifts = out[number]
+                results.append(result_of("lazyllm", ex, run_example(engine, ex, prefix)))
+                if kl:
+                    drifts.append(self.drift_from(engine, ex, refs[ex.key], prefix))
+        return out
 
     def evaluate(
         self,

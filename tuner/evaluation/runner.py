@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 import lazyllm
 from lazyllm.atomic import write_atomic
-from lazyllm.engine import GenerationResult
+from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
 from lazyllm.methods import Generator, make_method
 from tuner.data.longbench import (
     DatasetSpec,
@@ -401,12 +401,35 @@ def score_prediction(example: Example, prediction: str) -> float:
     return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
 
 
-def run_example(generator: Generator, example: Example) -> GenerationResult:
-    """``generator`` on ``example``'s prompt: greedy, up to its answer length, with its stop strings."""
-    return generator.generate(
-        torch.tensor(example.input_ids),
-        max_new_tokens=example.max_new_tokens,
-        stop_strings=example.stop_strings,
+def run_example(
+    generator: Generator, example: Example, prefix: PromptPrefix | None = None
+) -> GenerationResult:
+    """``generator`` on ``example``'s prompt: greedy, up to its answer length, with its stop strings.
+
+    ``prefix``: the prompt's captured unpruned prefix, for a :class:`~lazyllm.LazyLLM` generator (the
+    same answer; the result's TTFT then leaves out the prefix's layers, so it is no timing)."""
+    options: dict[str, Any] = {"max_new_tokens": example.max_new_tokens, "stop_strings": example.stop_strings}
+    if prefix is not None:
+        if not isinstance(generator, LazyLLM):
+            raise TypeError(f"a prompt prefix needs a LazyLLM engine, not {type(generator).__name__}")
+        options["prefix"] = prefix
+    return generator.generate(torch.tensor(example.input_ids), **options)
+
+
+def result_of(method: str, example: Example, result: GenerationResult) -> ExampleResult:
+    """One example's scored row from ``method``'s generation."""
+    prediction = result.text or ""
+    return ExampleResult(
+        dataset=example.dataset,
+        record_id=example.record_id,
+        method=method,
+        prediction=prediction,
+        score=score_prediction(example, prediction),
+        ttft_s=result.ttft_s,
+        total_s=result.total_s,
+        prompt_tokens=result.prompt_tokens,
+        new_tokens=len(result.token_ids),
+        prompt_computed_fraction=result.prompt_computed_fraction,
     )
 
 
@@ -526,22 +549,7 @@ class Evaluator:
         results: list[ExampleResult] = []
         bar = tqdm(self.examples, desc=desc or method, disable=not self.progress, leave=False)
         for ex in bar:
-            result = run_example(generator, ex)
-            prediction = result.text or ""
-            results.append(
-                ExampleResult(
-                    dataset=ex.dataset,
-                    record_id=ex.record_id,
-                    method=method,
-                    prediction=prediction,
-                    score=score_prediction(ex, prediction),
-                    ttft_s=result.ttft_s,
-                    total_s=result.total_s,
-                    prompt_tokens=result.prompt_tokens,
-                    new_tokens=len(result.token_ids),
-                    prompt_computed_fraction=result.prompt_computed_fraction,
-                )
-            )
+            results.append(result_of(method, ex, run_example(generator, ex)))
             if should_stop is not None:
                 reason = should_stop(results)
                 if reason:

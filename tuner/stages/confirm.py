@@ -22,6 +22,7 @@ The stage returns a :class:`Confirmation`; it writes nothing. The session stores
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,17 +231,24 @@ def confirm_pooled(
     direct: dict[int, Estimate] = {}
     base = {(b.dataset, b.record_id): b.score for b in on.baseline.results}
 
-    def evidence(r: TrialRecord) -> ScoredSchedule:
-        engine = on.engine(r.schedule)
-        results, _ = on.evaluator.evaluate("lazyllm", engine, desc=f"task score of trial {r.number}")
-        direct[r.number] = loss_estimate(results, on.baseline.results, level=level)
-        task = {
-            f"{x.dataset}/{x.record_id}": 100.0 * (base[(x.dataset, x.record_id)] - x.score) for x in results
-        }
-        if on is runner:
-            return ScoredSchedule(r.number, r.per_example, task)
-        drifts, _ = on.fidelity.evaluate(engine, desc=f"KL of trial {r.number}")
-        return ScoredSchedule(r.number, {f"{d.dataset}/{d.record_id}": d.kl for d in drifts}, task)
+    def evidence(chosen: Sequence[TrialRecord]) -> list[ScoredSchedule]:
+        # example by example: each prompt's unpruned prefix is captured once and every chosen
+        # schedule resumes from it (the same answers and KLs, without the layers before each one prunes)
+        engines = {r.number: on.engine(r.schedule) for r in chosen}
+        scored = on.fidelity.score_together(
+            engines, kl=on is not runner, desc=f"task score of {len(chosen)} schedules"
+        )
+        out = []
+        for r in chosen:
+            results, drifts = scored[r.number]
+            direct[r.number] = loss_estimate(results, on.baseline.results, level=level)
+            task = {
+                f"{x.dataset}/{x.record_id}": 100.0 * (base[(x.dataset, x.record_id)] - x.score)
+                for x in results
+            }
+            kl = r.per_example if on is runner else {f"{d.dataset}/{d.record_id}": d.kl for d in drifts}
+            out.append(ScoredSchedule(r.number, kl, task))
+        return out
 
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
     decision = pooled_rule(

@@ -35,9 +35,10 @@ from tuner.study.records import TrialRecord
 
 T = TypeVar("T")
 
-Evidence = Callable[[TrialRecord], ScoredSchedule]
-"""A record -> its scored evidence: per-example KL (nats) and task-score loss (points) on the
-calibration's examples (the search's own, whose KLs the record holds, or a larger set)."""
+Evidence = Callable[[Sequence[TrialRecord]], Sequence[ScoredSchedule]]
+"""The records the rule chose to score -> their scored evidence, in the same order: per-example KL
+(nats) and task-score loss (points) on the calibration's examples (the search's own, whose KLs the
+records hold, or a larger set). All at once, so a scorer may go example by example."""
 
 
 def spread(front: Sequence[T], k: int) -> list[T]:
@@ -128,7 +129,7 @@ def pooled_rule(
         budget: the user's budget in task-score points.
         k: how many front schedules to task-score (``--confirm-k``).
         weights: example key -> macro weight, on the evidence's examples.
-        evidence: scores one record (called once per scored schedule).
+        evidence: scores the chosen records (called once, with all of them).
         level: the slope bound's level that decides (``--decision-level``).
         confidence: the level the calibration also reports (``--confidence``).
         prior: the model's slope prior (``--slope-prior``), the floor of an underpowered calibration.
@@ -137,7 +138,10 @@ def pooled_rule(
     """
     front = feasible_front(records, search_loss)
     drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
-    scored = tuple(evidence(r) for r in spread(drifting, k))
+    chosen = spread(drifting, k)
+    scored = tuple(evidence(chosen))
+    if [s.trial for s in scored] != [r.number for r in chosen]:
+        raise ValueError("the evidence must score exactly the records it is given, in their order")
     calibration = fit(scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed)
     if calibration is not None and prior is not None:
         calibration = calibration.floored(prior, budget.budget, baseline_score)

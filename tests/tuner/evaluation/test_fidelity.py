@@ -107,6 +107,36 @@ def test_fidelity_evaluator_keeps_prefixes_within_its_memory_cap(tiny_folder: Pa
     assert sum(p is not None for p in capped.prefixes.values()) == 1  # the rest ran in full
 
 
+def test_schedules_scored_together_equal_each_scored_alone(tiny_folder: Path, tmp_path: Path) -> None:
+    """score_together goes example by example from each prompt's prefix: every engine's answers and
+    KLs are those of evaluating it alone, and a prefix the cache did not hold is not kept."""
+    model, tokenizer = load_model(str(tiny_folder))
+    cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=3, max_prompt_tokens=64,
+                       max_new_tokens=4, data_dir=longbench_dir())  # fmt: skip
+    ev = Evaluator(model, tokenizer, cfg, tmp_path / "cache", progress=False)
+    layers, name = model.config.num_hidden_layers, model.config.name_or_path
+    engines = {
+        7: LazyLLM(model, Schedule.from_layers(name, layers, {1: 50}).with_revival("frozen"), tokenizer=tokenizer,
+                   strict_model_name=False),
+        9: LazyLLM(model, Schedule.from_layers(name, layers, {2: 60}).with_scoring("fastkv"), tokenizer=tokenizer,
+                   strict_model_name=False),
+    }  # fmt: skip
+    fid = FidelityEvaluator(ev, prefix_bytes=0)  # nothing cached: every prefix is captured and dropped
+    together = fid.score_together(engines, kl=True)
+    assert all(p is None for p in fid.prefixes.values())
+    for number, engine in engines.items():
+        results, drifts = together[number]
+        alone, _ = ev.evaluate("lazyllm", engine)
+        assert [(r.record_id, r.prediction, r.score) for r in results] == [
+            (r.record_id, r.prediction, r.score) for r in alone
+        ]
+        expected, _ = FidelityEvaluator(ev, prefix_bytes=0).evaluate(engine)
+        for got, want in zip(drifts, expected, strict=True):
+            assert got.record_id == want.record_id and got.kl == pytest.approx(want.kl, abs=1e-6)
+    assert together[7][0] != together[9][0] or together[7][1] != together[9][1]  # two schedules, two rows
+    assert fid.score_together(engines, kl=False)[7][1] == []  # no KL asked, none computed
+
+
 def test_keep_all_forced_logits_match_a_transformers_forward() -> None:
     """Teacher forcing along an arbitrary (non-greedy) answer: keep-all equals one plain forward pass."""
     model = make_tiny("llama")

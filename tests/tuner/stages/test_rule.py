@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -45,8 +46,11 @@ RECORDS = [_record(0, 1.0, 0.0, 0.0), _record(1, 1.4, 0.02, 30.0), _record(2, 1.
 SLOPE = 40.0  # points per nat: trial 2 (KL 0.2) loses 8 points, trial 1 (KL 0.02) 0.8
 
 
-def _evidence(r: TrialRecord) -> ScoredSchedule:
-    return ScoredSchedule(r.number, r.per_example, {k: SLOPE * v for k, v in r.per_example.items()})
+def _evidence(records: Sequence[TrialRecord]) -> list[ScoredSchedule]:
+    return [
+        ScoredSchedule(r.number, r.per_example, {k: SLOPE * v for k, v in r.per_example.items()})
+        for r in records
+    ]
 
 
 def _decide(budget: float) -> rule.PooledDecision:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -110,8 +111,13 @@ def test_the_rule_with_a_prior_no_longer_reads_no_cost_seen_as_no_cost() -> None
     records = [_record(0, 1.0, 0.0, 0.0), _record(1, 1.4, 0.02, 30.0), _record(2, 1.97, 0.3, 60.0)]
     keys = list(records[1].per_example)
 
-    def evidence(r: rule.TrialRecord) -> ScoredSchedule:  # every drifting schedule *gains* a little
-        return ScoredSchedule(r.number, r.per_example, {k: -5.0 * v for k, v in r.per_example.items()})
+    def evidence(
+        rs: Sequence[rule.TrialRecord],
+    ) -> list[ScoredSchedule]:  # every drifting one *gains* a little
+        return [
+            ScoredSchedule(r.number, r.per_example, {k: -5.0 * v for k, v in r.per_example.items()})
+            for r in rs
+        ]
 
     def decide(prior: SlopePrior | None) -> rule.PooledDecision:
         return rule.pooled_rule(
