@@ -12,7 +12,9 @@ first token), total time, tokens generated and finish reason: decode per step is
 ``(total - ttft) / (new tokens - 1)``. Then the same examples go through the product's stages as a
 study runs them, timed: the baseline (:meth:`Evaluator.baseline`), the fidelity references, one
 fidelity trial of the paper-style schedule (:meth:`FidelityEvaluator.evaluate`) and one task-scored
-pass (:meth:`Evaluator.evaluate`). Wall seconds on whatever the machine does meanwhile (the CPU is
+pass (:meth:`Evaluator.evaluate`), and the confirmation's three schedules with their KLs, one at a
+time against example by example from one captured prefix each
+(:meth:`FidelityEvaluator.score_together`). Wall seconds on whatever the machine does meanwhile (the CPU is
 shared): read ratios, not absolute values. Writes a dated JSON with every row.
 """
 
@@ -130,6 +132,19 @@ def main() -> int:
         engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False)
         _, trial_s = timed(lambda: fid.evaluate(engine))
         _, scored_s = timed(lambda: ev.evaluate("lazyllm", generators["paper-style"]))
+        # the confirmation's k = 3 schedules with their KLs on a larger set (no prefix cached): one at a
+        # time, as before, then example by example from one captured prefix each (score_together)
+        three = {
+            i: LazyLLM(model, s.with_revival("frozen"), tokenizer=tokenizer, strict_model_name=False)
+            for i, s in enumerate(
+                (schedule, Schedule.from_layers(args.model, layers, {layers // 2: 50}),
+                 Schedule.from_layers(args.model, layers, {layers // 4: 30, layers // 2: 30}))
+            )
+        }  # fmt: skip
+        cold = FidelityEvaluator(ev, prefix_bytes=0)
+        cold.references()
+        _, alone_s = timed(lambda: [(ev.evaluate("lazyllm", e), cold.evaluate(e)) for e in three.values()])
+        _, together_s = timed(lambda: cold.score_together(three, kl=True))
     n = len(examples)
     stages = {
         "build_s": build_s,
@@ -138,6 +153,8 @@ def main() -> int:
         "fidelity_reference_s_per_example": ref_s / n,
         "fidelity_trial_s_per_example": trial_s / n,
         "task_scored_s_per_example": scored_s / n,
+        "confirm_3_schedules_alone_s_per_example": alone_s / n,
+        "confirm_3_schedules_together_s_per_example": together_s / n,
     }
     print("per example, as a study runs them: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
 
