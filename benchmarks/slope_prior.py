@@ -29,7 +29,15 @@ import numpy as np
 from tuner.data.longbench import unit_hash
 from tuner.statistics.bootstrap import macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule, bootstrap_slopes
-from tuner.statistics.prior import PRIOR_DIR, SCALINGS, PowerPoint, SlopePrior, power_points, sha256_of
+from tuner.statistics.prior import (
+    COMBINES,
+    PRIOR_DIR,
+    SCALINGS,
+    PowerPoint,
+    SlopePrior,
+    power_points,
+    sha256_of,
+)
 
 LEVELS = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
 N_BOOT = 4000
@@ -51,10 +59,11 @@ def distinct(path: Path, rows: dict[str, dict[str, Any]]) -> list[str]:
 
 def scored_schedules(
     path: Path, holdout: float | None = None
-) -> tuple[list[ScoredSchedule], list[str], dict[str, float], float]:
+) -> tuple[list[ScoredSchedule], list[str], dict[str, float], float, dict[str, str]]:
     """The grid's LazyLLM schedules as scored evidence on the examples all of them hold (with
     ``holdout``: only those ``benchmarks/decision_rule.py --holdout`` keeps in its pool), their names,
-    the macro weights and the unpruned score on those examples (points, macro over datasets)."""
+    the macro weights, the unpruned score on those examples (points, macro over datasets) and each
+    example's dataset."""
     rows: dict[str, dict[str, dict[str, Any]]] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
@@ -84,7 +93,20 @@ def scored_schedules(
         for i, n in enumerate(names)
     ]
     baseline = weighted_mean([100.0 * first[k]["baseline_score"] for k in keys], [weights[k] for k in keys])
-    return scored, names, weights, baseline
+    return scored, names, weights, baseline, {k: first[k]["dataset"] for k in keys}
+
+
+def fit_slope(
+    scored: Sequence[ScoredSchedule], weights: dict[str, float]
+) -> tuple[float, tuple[tuple[float, float], ...], np.ndarray, np.ndarray] | None:
+    """The pooled slope, its bounds at :data:`LEVELS` and the schedules' mean KL and task loss, by the
+    calibration's own estimator (None: nothing drifted)."""
+    boot = bootstrap_slopes(scored, weights, n_boot=N_BOOT)
+    if boot is None:
+        return None
+    _, kl_means, tl_means, slopes = boot
+    bounds = tuple((lv, float(np.quantile(slopes, lv))) for lv in LEVELS)
+    return float(tl_means.sum() / kl_means.sum()), bounds, kl_means, tl_means
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,6 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="baseline: read the slope relative to the unpruned score, rescaled to each study's",
     )
     p.add_argument(
+        "--combine",
+        choices=COMBINES,
+        default="macro",
+        help="steepest: the largest of the datasets' own slopes and bounds (the most sensitive task measured)",
+    )
+    p.add_argument(
         "--holdout",
         type=float,
         default=None,
@@ -115,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     rows = Path(args.rows)
-    scored, names, weights, baseline = scored_schedules(rows, args.holdout)
+    scored, names, weights, baseline, datasets = scored_schedules(rows, args.holdout)
     shared = len(set.intersection(*(set(s.kl) for s in scored)))
     if args.out is None and shared < args.min_examples:
         raise SystemExit(
@@ -123,10 +151,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             "packaged prior rests on (studies would read it); record more of the grid, or write it elsewhere "
             "with --out to look at it"
         )
-    boot = bootstrap_slopes(scored, weights, n_boot=N_BOOT)
-    if boot is None:
+    fit = fit_slope(scored, weights)
+    if fit is None:
         raise SystemExit(f"{rows}: no schedule drifted; nothing to fit")
-    keys, kl_means, tl_means, slopes = boot
+    slope, bounds, kl_means, tl_means = fit
+    by_dataset: dict[str, list[str]] = {}
+    for key in sorted(weights):
+        by_dataset.setdefault(datasets[key], []).append(key)
+    per_dataset = []
+    for name, ks in sorted(by_dataset.items()):
+        part = [
+            ScoredSchedule(s.trial, {k: s.kl[k] for k in ks}, {k: s.task_loss[k] for k in ks}) for s in scored
+        ]
+        got = fit_slope(part, dict.fromkeys(ks, 1.0))
+        if got is not None:
+            per_dataset.append((name, len(ks), got[0], got[1]))
+    if args.combine == "steepest":
+        if not per_dataset:
+            raise SystemExit(f"{rows}: no dataset has a schedule that drifted; nothing to fit")
+        slope = max(d[2] for d in per_dataset)
+        bounds = tuple((lv, max(dict(d[3])[lv] for d in per_dataset)) for lv in LEVELS)
     power: tuple[PowerPoint, ...] = ()
     if args.power:
         payload = json.loads(Path(args.power).read_text(encoding="utf-8"))
@@ -135,25 +179,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         model=args.model,
         task=args.task,
         max_prompt_tokens=args.max_prompt_tokens,
-        n_examples=len(keys),
+        n_examples=len(weights),
         schedules=tuple(names),
-        slope=float(tl_means.sum() / kl_means.sum()),
-        bounds=tuple((lv, float(np.quantile(slopes, lv))) for lv in LEVELS),
+        slope=slope,
+        bounds=bounds,
         source=rows.as_posix(),
         source_sha256=sha256_of(rows),
         created=dt.date.today().isoformat(),
         power=power,
         baseline_score=baseline,
         scaling=args.scaling,
+        combine=args.combine,
+        datasets=tuple((d[0], d[1], d[2]) for d in per_dataset),
     )
     out = prior.save(args.out or PRIOR_DIR / f"{args.model}.json")
     print(
         f"{prior.id}: slope {prior.slope:.2f} points per nat (bound {prior.upper(0.6):.2f} at 60%, "
-        f"{prior.upper(0.9):.2f} at 90%) on {len(keys)} examples x {len(names)} schedules, unpruned score "
-        f"{baseline:.1f}, {args.scaling} -> {out}"
+        f"{prior.upper(0.9):.2f} at 90%) on {len(weights)} examples x {len(names)} schedules, unpruned score "
+        f"{baseline:.1f}, {args.scaling}, {args.combine} -> {out}"
     )
-    for n, k, t in zip(names, kl_means, tl_means):
-        print(f"  {n:48s} KL {k:.3f} nats  task loss {t:6.2f} points")
+    for dataset, count, s_d, b_d in per_dataset:
+        print(
+            f"  {dataset}: slope {s_d:.2f} (bound {dict(b_d)[0.6]:.2f} at 60%, {dict(b_d)[0.9]:.2f} at 90%) on {count} examples"
+        )
+    for name, k, t in zip(names, kl_means, tl_means):
+        print(f"  {name:48s} KL {k:.3f} nats  task loss {t:6.2f} points")
     return 0
 
 

@@ -41,6 +41,7 @@ PRIOR_DIR = Path(__file__).parent / "priors"
 """Where the packaged priors live, one ``<model>.json`` each."""
 FORMAT = 1
 SCALINGS = ("absolute", "baseline")
+COMBINES = ("macro", "steepest")
 DEFAULT_TARGET_RATE = 0.10
 """The power curve's target: a study is powered once its pick exceeds the budget on test in at most
 this share of replays (issue 30's bar)."""
@@ -90,6 +91,10 @@ class SlopePrior:
         target_rate: the power curve's target exceed rate.
         baseline_score: the grid's unpruned score on those examples (points, macro over datasets).
         scaling: ``absolute`` or ``baseline`` (see the module docstring).
+        combine: ``macro`` (one slope pooled over the grid's datasets, macro-weighted) or
+            ``steepest`` (each dataset's own fit; the slope and every bound are the largest of them:
+            a user's task is assumed as sensitive as the most sensitive one measured).
+        datasets: per dataset of the grid, ``(name, examples, slope)``.
     """
 
     model: str
@@ -106,6 +111,8 @@ class SlopePrior:
     target_rate: float = DEFAULT_TARGET_RATE
     baseline_score: float | None = None
     scaling: str = "absolute"
+    combine: str = "macro"
+    datasets: tuple[tuple[str, int, float], ...] = ()
     format: int = field(default=FORMAT)
 
     def __post_init__(self) -> None:
@@ -126,6 +133,8 @@ class SlopePrior:
             raise ValueError(f"target_rate = {self.target_rate}: must be in (0, 1)")
         if self.scaling not in SCALINGS:
             raise ValueError(f"scaling = {self.scaling!r}: must be one of {', '.join(SCALINGS)}")
+        if self.combine not in COMBINES:
+            raise ValueError(f"combine = {self.combine!r}: must be one of {', '.join(COMBINES)}")
         if self.scaling == "baseline" and not (self.baseline_score or 0) > 0:
             raise ValueError("scaling = 'baseline' needs the grid's baseline_score > 0")
 
@@ -186,6 +195,8 @@ class SlopePrior:
             "target_rate": self.target_rate,
             "baseline_score": self.baseline_score,
             "scaling": self.scaling,
+            "combine": self.combine,
+            "datasets": [list(d) for d in self.datasets],
             "power": [vars(p) for p in self.power],
         }
 
@@ -206,6 +217,8 @@ class SlopePrior:
             target_rate=float(data.get("target_rate", DEFAULT_TARGET_RATE)),
             baseline_score=None if data.get("baseline_score") is None else float(data["baseline_score"]),
             scaling=str(data.get("scaling", "absolute")),
+            combine=str(data.get("combine", "macro")),
+            datasets=tuple((str(d[0]), int(d[1]), float(d[2])) for d in data.get("datasets", [])),
             format=int(data["format"]),
         )
 

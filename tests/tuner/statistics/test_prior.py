@@ -169,6 +169,19 @@ def test_the_builder_fits_the_product_estimator_on_grid_rows(
     assert prior.slope == pytest.approx((loss_a + loss_b) / (0.2 + 0.3))
     assert prior.upper(0.9) >= prior.upper(0.6) >= prior.slope - 1e-9
     assert prior.baseline_score == pytest.approx(100.0) and prior.scaling == "absolute"
+    # each dataset's own fit: HotpotQA 66.7 points over 0.5 nats, SQuAD 16.7 over 0.5; steepest takes it
+    by = {name: (n, slope) for name, n, slope in prior.datasets}
+    assert by["hotpotqa-long"][0] == by["squad-long"][0] == 6
+    assert by["hotpotqa-long"][1] == pytest.approx(133.33, abs=0.01) and by["squad-long"][1] == pytest.approx(
+        33.33, abs=0.01
+    )
+    steep = tmp_path / "steep.json"
+    assert (
+        _bench("slope_prior").main(["--rows", str(rows), "--out", str(steep), "--combine", "steepest"]) == 0
+    )
+    steepest = SlopePrior.load(steep)
+    assert steepest.combine == "steepest" and steepest.slope == pytest.approx(133.33, abs=0.01)
+    assert steepest.upper(0.9) >= steepest.upper(0.6) > prior.upper(0.6)
     # fitted on decision_rule.py's pool side only: the held-out examples are left out
     half = tmp_path / "half.json"
     assert _bench("slope_prior").main(["--rows", str(rows), "--out", str(half), "--holdout", "0.5"]) == 0
