@@ -27,6 +27,7 @@ from tuner.statistics.calibration import Calibration
 from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
 from tuner.study.identity import StudyIdentity
 from tuner.study.outcome import StudyOutcome
+from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
 from tuner.study.workers import DuplicateSchedule, never_ran
 from tuner.tracking.runs import EXPERIMENT, Tracker, end_open_runs, trial_counts
@@ -236,6 +237,16 @@ def test_refused_duplicates_get_no_run_and_runs_span_their_trials(tmp_path: Path
         )
 
 
+def _keep_all_and_a_confirmed_pick() -> tuple[tuple[TrialRecord, ...], CandidateResult]:
+    """Two trials (keep-all; 1.5x at KL 0.1) and the confirmation's candidate for the second."""
+    records = (
+        hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
+        hand_record(1, 1.5, 0.1, (0.0, 30.0, 0.0, 0.0)),
+    )
+    est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
+    return records, CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.5, 0.1, "confirmed", est, "why")
+
+
 def test_the_recommendation_says_in_mlflow_and_its_file_whether_it_is_certified_at_the_confidence(
     tmp_path: Path,
 ) -> None:
@@ -243,12 +254,7 @@ def test_the_recommendation_says_in_mlflow_and_its_file_whether_it_is_certified_
     reported at --confidence 90% too (25 points per nat: 2.5 > the 2-point budget)."""
     settings, study, uri = _toy(tmp_path)
     tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
-    records = (
-        hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
-        hand_record(1, 1.5, 0.1, (0.0, 30.0, 0.0, 0.0)),
-    )
-    est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
-    rec = CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.5, 0.1, "confirmed", est, "why")
+    records, rec = _keep_all_and_a_confirmed_pick()
     for at_90, certified in ((25.0, False), (15.0, True)):
         cal = Calibration(4.0, 10.0, 0.6, 13, (1,), 0.1, ((1, 0.1, 0.4),), 0.9, at_90)
         conf = Confirmation(2.0, 0.9, (rec,), 13, 2, "pooled", cal)
@@ -284,12 +290,7 @@ def test_the_slope_prior_and_its_floor_are_logged_to_the_parent_run(tmp_path: Pa
     settings, study, uri = _toy(tmp_path)
     settings = dataclasses.replace(settings, slope_prior=str(path))
     tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
-    records = (
-        hand_record(0, 1.0, 0.0, (0.0, 0.0, 0.0, 0.0)),
-        hand_record(1, 1.5, 0.1, (0.0, 30.0, 0.0, 0.0)),
-    )
-    est = Estimate(value=0.5, se=1.0, low=-1.0, high=2.0, upper=1.5, level=0.9, n=13)
-    rec = CandidateResult(1, (0.0, 30.0, 0.0, 0.0), 1.5, 0.1, "confirmed", est, "why")
+    records, rec = _keep_all_and_a_confirmed_pick()
     cal = Calibration(-6.0, -1.5, 0.6, 13, (1,), 0.1, ((1, 0.1, -0.6),), 0.9, -0.5).floored(prior, 2.0)
     outcome = StudyOutcome(
         "toy", StudyIdentity.from_dict(settings.study_identity()), Budget(FidelityLoss(0.6), ScoreLoss(2.0)),
