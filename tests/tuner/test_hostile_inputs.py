@@ -295,3 +295,28 @@ def test_raw_slash_in_an_http_password_is_one_masked_line() -> None:
     with pytest.raises(ValueError, match="must be percent-encoded") as err:
         check_reachable("http://user:s3/cret@127.0.0.1:5000")
     assert "s3/cret" not in str(err.value) and "cret" not in str(err.value)
+
+
+# ---- a slope prior that is missing, not a prior, or another model's: one line, exit 2, nothing written --
+
+
+def test_a_bad_slope_prior_is_one_line_before_any_state(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tuner.statistics.prior import SlopePrior
+
+    other = SlopePrior(
+        "gemma3-270m", "openqa", 1024, 300, ("a",), 12.0, ((0.5, 12.0), (0.99, 20.0)), "rows.jsonl",
+        "ab" * 32, "2026-12-02",
+    ).save(tmp_path / "gemma.json")  # fmt: skip
+    (tmp_path / "junk.json").write_text('{"format": 1}')
+    cases = {
+        str(tmp_path / "missing.json"): "no such file",
+        str(tmp_path / "junk.json"): "not a slope prior file",
+        str(other): "was measured on 'gemma3-270m'",
+    }
+    for spec, words in cases.items():
+        out = tmp_path / "out"
+        assert search(_search_argv(tiny_folder, out, "--slope-prior", spec)) == 2
+        assert words in _one_line(capsys)
+        assert not out.exists()  # checked before any state
