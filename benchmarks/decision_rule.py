@@ -16,7 +16,9 @@ pick on the full test split:
 * (a) **over budget**: how often the pick's test task loss (point estimate, score points) exceeds the
   budget;
 * (b) **speed kept**: the pick's FLOP speedup over the fastest grid schedule whose test loss is within
-  the budget (a replay that recommends nothing keeps 1.0x, the unpruned model's).
+  the budget (a replay that recommends nothing keeps 1.0x, the unpruned model's);
+* the **winner's curse**, where the rows hold test KLs: the median of the pick's test KL over its KL
+  on the draw that chose it (above 1: the draw flattered it).
 
 One row per (rule setting, n): the default study's settings (``--confirm-k``, ``--decision-level``,
 the exploration cap ``KL_PER_POINT``) and a few around them. A draw larger than the pool repeats its
@@ -70,6 +72,7 @@ class GridSchedule:
     datasets: Mapping[str, str]  # key -> dataset
     test_loss: float  # macro mean task loss on test, points
     baselines: Mapping[str, float] = field(default_factory=dict)  # validation key -> unpruned score, points
+    test_kl: float | None = None  # macro mean KL on test, nats (None: the rows have no test KL)
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5)
                 name, Schedule.from_json(schedules[name]["schedule"]), float(next(iter(val.values()))["flop_speedup"]),
                 {k: (float(r["kl_nats_per_token"]), 100.0 * (r["baseline_score"] - r["score"])) for k, r in val.items()},
                 datasets, loss, {k: 100.0 * r["baseline_score"] for k, r in val.items()},
+                weighted_mean([float(r["kl_nats_per_token"]) for r in tst], macro_weights([r["dataset"] for r in tst])),
             )
         )  # fmt: skip
     return out
@@ -235,7 +239,7 @@ def replay(
         for setting in settings:
             rng = np.random.default_rng(n)  # every setting of one n sees the same draws
             cap = FidelityLoss(setting.kl_per_point * budget)
-            over, kept, none, picks = 0, [], 0, []
+            over, kept, none, picks, optimism = 0, [], 0, [], []
             for i in range(resamples):
                 keys = draw_keys(pool, grid[0].datasets, n, rng)
                 records, weights = records_of(grid, keys)
@@ -269,6 +273,8 @@ def replay(
                 picks.append(g.name)
                 over += g.test_loss > budget
                 kept.append(g.flop_speedup / best_ok)
+                if g.test_kl is not None and pick.values[1] > 0:  # the pick's KL on test over on its draw
+                    optimism.append(g.test_kl / pick.values[1])
             out.append({
                 "rule": setting.label + ("" if prior is None else f", floored at {prior.id}"),
                 "default": setting == RuleSetting(), "budget": budget, "n": n, "pool": len(pool), "resamples": resamples,
@@ -276,19 +282,22 @@ def replay(
                 "no_pick": none / resamples,
                 "most_common_pick": max(set(picks), key=picks.count) if picks else "-",
                 "best_within_budget_on_test": best_ok,
+                # the winner's curse: how much more the pick drifts on test than on the draw that chose it
+                "pick_kl_test_over_draw": statistics.median(optimism) if optimism else None,
             })  # fmt: skip
     return out
 
 
 def table(results: Sequence[Mapping[str, Any]]) -> str:
     lines = [
-        "| n | rule | (a) test loss over budget | (b) speed kept | no pick | most common pick |",
-        "|---|---|---|---|---|---|",
+        "| n | rule | (a) test loss over budget | (b) speed kept | no pick | pick's KL, test / draw (median) | most common pick |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         n = f"{r['n']}" + (f" (pool {r['pool']}: repeats)" if r["n"] > r["pool"] else "")
+        ratio = "-" if r.get("pick_kl_test_over_draw") is None else f"{r['pick_kl_test_over_draw']:.2f}"
         lines.append(
-            f"| {n} | {r['rule']} | {r['over_budget']:.1%} | {r['speed_kept']:.2f} | {r['no_pick']:.1%} | {r['most_common_pick']} |"
+            f"| {n} | {r['rule']} | {r['over_budget']:.1%} | {r['speed_kept']:.2f} | {r['no_pick']:.1%} | {ratio} | {r['most_common_pick']} |"
         )
     return "\n".join(lines)
 

@@ -145,3 +145,20 @@ def test_a_one_split_grid_is_replayed_on_a_hashed_holdout(tmp_path: Path) -> Non
     assert test == {k for k in keys if bench.held_out(k, 0.5)}
     assert 8 <= len(test) <= 32  # about half
     assert grid[1].test_loss == pytest.approx(10.0)
+
+
+def test_the_replay_measures_how_much_more_its_pick_drifts_on_test() -> None:
+    """The winner's curse column: the pick's test KL over its KL on the draw that chose it."""
+    import dataclasses
+
+    bench = _benchmark()
+    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
+    plain = bench.replay(_grid(bench), 2.0, [10], resamples=4, settings=setting)[0]
+    assert plain["pick_kl_test_over_draw"] is None  # rows without a test KL
+    doubled = [
+        dataclasses.replace(g, test_kl=2.0 * sum(v[0] for v in g.validation.values()) / len(g.validation))
+        for g in _grid(bench)
+    ]
+    row = bench.replay(doubled, 2.0, [10], resamples=4, settings=setting)[0]
+    # about 2: each draw's mean KL differs from the whole pool's by its resampling
+    assert row["most_common_pick"] == "1" and row["pick_kl_test_over_draw"] == pytest.approx(2.0, rel=0.5)
