@@ -17,25 +17,7 @@ beside the study's own test TTFT, FLOP speedup and task-score loss. The only thi
 the study folder is the test split's fidelity reference, in the study's ``cache/`` beside the test
 baseline it reuses (``--json`` saves the table elsewhere).
 
-Measured 2026-12-01 on the default study (README command 1 at a460714; 2-core CPU, about 3 minutes
-for SmolLM2, 5 for gemma3-270m; test n=29, 90% intervals; KL difference = recommended - the row):
-
-| study | row | test TTFT | test task loss | test KL (nats) | KL difference |
-|---|---|---|---|---|---|
-| SmolLM2 seed 0 | recommended (TSP keeping 40%) | 1.48x | 1.31 [-1.02, 3.62] | 0.288 [0.135, 0.478] | |
-| | best paper-style | 1.58x | 4.17 [0.99, 7.67] | 0.515 [0.283, 0.767] | -0.228 [-0.392, -0.088] |
-| | best one-stage | 1.33x | 2.80 [-0.51, 6.76] | 0.309 [0.141, 0.512] | -0.021 [-0.077, +0.028] |
-| SmolLM2 seed 1 | recommended (1.98x, FastKV rule) | 1.98x | 4.70 [1.36, 8.26] | 0.335 [0.165, 0.529] | |
-| | best paper-style | 1.56x | 4.17 [0.99, 7.67] | 0.515 [0.283, 0.767] | -0.180 [-0.339, -0.044] |
-| | best one-stage | 1.33x | 2.80 [-0.51, 6.76] | 0.309 [0.141, 0.512] | +0.026 [-0.027, +0.081] |
-| gemma3-270m | recommended (paper-style start) | 1.32x | -0.31 [-0.91, 0.01] | 0.0062 [0.0044, 0.0081] | |
-| | best paper-style | 1.20x | 0.96 [-0.87, 3.80] | 0.0146 [0.0125, 0.0170] | -0.0084 [-0.0106, -0.0064] |
-| | best one-stage | 2.15x | 1.21 [-0.31, 2.95] | 0.094 [0.039, 0.179] | -0.088 [-0.172, -0.033] |
-
-The task score cannot tell most of these rows apart; the KL does. The two SmolLM2 seeds' picks
-drift alike on test although their task losses are 3.4 points apart. On SmolLM2 the same schedules
-drift 1.6-7x more on these 29 test examples than on the 13 validation ones (seed 0's pick: 0.042 on
-validation), which is why the 1024-token study's validation evidence under-predicts its test loss.
+The measured tables, dated, are in docs/statistics.md ("The held-out check").
 """
 
 from __future__ import annotations
