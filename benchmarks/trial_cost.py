@@ -12,20 +12,7 @@ the ``stages`` space this times the paths side by side on the same examples (wal
 of them, the order rotating per schedule) and reports the largest difference in per-example KL
 from the step-by-step path (float rounding only; resuming adds none to the one pass).
 
-Measured 2026-12-01 (SmolLM2-135M, 13 QA validation examples at 1024 tokens, answers of 16.6
-tokens on average, 2-core CPU, nothing else running; wall seconds for the 13 examples; capturing
-the 13 prefixes took 23.4 s once and holds 1440 MiB):
-
-| schedule | FLOP speedup | step by step (s) | one pass (s) | one pass from the prefix (s) | ratio to step by step | max abs KL difference |
-|---|---|---|---|---|---|---|
-| keep-all | 1.00x | 36.6 | 22.1 | 2.3 | 1.66 / 15.64 | 1.3e-10 |
-| paper-style | 1.50x | 26.3 | 15.0 | 9.9 | 1.75 / 2.65 | 3.0e-06 |
-| fastkv 60% after the middle | 1.46x | 28.2 | 16.2 | 6.4 | 1.74 / 4.42 | 2.5e-07 |
-| 40% after each quarter | 1.81x | 24.5 | 13.6 | 7.8 | 1.80 / 3.12 | 2.0e-06 |
-
-The steps cost about 0.9 s per example whatever the schedule (16 walks through 30 layers); the one
-pass leaves the prefill, and the prefix leaves only the layers from the first pruning one on, so
-the later a schedule starts pruning the larger the gain.
+The measured table, dated, is in docs/benchmarks.md ("Trial cost").
 """
 
 from __future__ import annotations
