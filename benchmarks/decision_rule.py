@@ -228,9 +228,13 @@ def records_of(
 
 def replay(
     grid: Sequence[GridSchedule], budget: float, sizes: Iterable[int], resamples: int,
-    settings: Sequence[RuleSetting] = SETTINGS, prior: SlopePrior | None = None,
+    settings: Sequence[RuleSetting] = SETTINGS, prior: SlopePrior | None = None, fresh: int = 0,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """One result row per (setting, n): over-budget rate, speed kept, no-pick rate, most common pick."""
+    """One result row per (setting, n): over-budget rate, speed kept, no-pick rate, most common pick.
+
+    ``fresh`` > 0: the rule's fresh-drift check (step 5 of :func:`pooled_rule`) reads a schedule's
+    mean KL on ``fresh`` pool examples drawn outside the validation draw, as a study reads open-QA
+    prompts its search never saw."""
     pool = sorted(grid[0].validation)
     best_ok = max((g.flop_speedup for g in grid if g.test_loss <= budget), default=1.0)
     task = ScoreLoss(budget)
@@ -257,12 +261,22 @@ def replay(
                         for r in rs
                     ]
 
+                seen = None
+                if fresh:
+                    rest = [k for k in pool if k not in set(keys)]
+                    others = draw_keys(rest, grid[0].datasets, fresh, rng)
+                    w_rest = macro_weights([grid[0].datasets[k] for k in others])
+
+                    def seen(r: TrialRecord, others: Sequence[str] = others, w: Any = w_rest) -> float:
+                        return weighted_mean([grid[r.number].validation[k][0] for k in others], list(w))
+
                 baseline = None
                 if grid[0].baselines:  # the draw's unpruned score, what a scaled prior is read at
                     baseline = weighted_mean([grid[0].baselines[k] for k in keys], list(weights.values()))
                 decision = pooled_rule(
                     records, cap, task, setting.k, weights, evidence, level=setting.level,
-                    confidence=CONFIDENCE, prior=prior, baseline_score=baseline, n_boot=N_BOOT, seed=i,
+                    confidence=CONFIDENCE, prior=prior, baseline_score=baseline, fresh=seen, n_boot=N_BOOT,
+                    seed=i,
                 )  # fmt: skip
                 pick = decision.picked
                 if pick is None:
@@ -276,7 +290,8 @@ def replay(
                 if g.test_kl is not None and pick.values[1] > 0:  # the pick's KL on test over on its draw
                     optimism.append(g.test_kl / pick.values[1])
             out.append({
-                "rule": setting.label + ("" if prior is None else f", floored at {prior.id}"),
+                "rule": setting.label + ("" if prior is None else f", floored at {prior.id}")
+                + (f", fresh KL on {fresh}" if fresh else ""),
                 "default": setting == RuleSetting(), "budget": budget, "n": n, "pool": len(pool), "resamples": resamples,
                 "over_budget": over / resamples, "speed_kept": statistics.fmean(kept),
                 "no_pick": none / resamples,
@@ -330,6 +345,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a slope prior JSON: replay the rule with its floor (default: the study's own calibration alone)",
     )
     p.add_argument("--settings", choices=("all", "default"), default="all", help="rule settings replayed")
+    p.add_argument(
+        "--fresh",
+        type=int,
+        default=0,
+        help="the fresh-drift check on this many pool examples outside each draw (0: off)",
+    )
     args = p.parse_args(argv)
     budgets = [float(b) for b in args.budget.split(",")]
     prior = None if args.prior is None else SlopePrior.load(args.prior)
@@ -346,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
     results = []
     for budget in budgets:
-        part = replay(grid, budget, sizes, args.resamples, settings, prior)
+        part = replay(grid, budget, sizes, args.resamples, settings, prior, args.fresh)
         print(f"budget {budget:g} score points\n{table(part)}")
         print(
             f"fastest schedule within budget on test: {part[0]['best_within_budget_on_test']:.2f}x FLOP speedup"
@@ -358,6 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": args.rows,
             "test_rows": args.test_rows,
             "prior": None if prior is None else prior.id,
+            "fresh": args.fresh,
             "budgets": budgets,
             "results": results,
             # the power curve: the default rule's rows, as benchmarks/slope_prior.py --power reads them

@@ -320,3 +320,21 @@ def test_a_bad_slope_prior_is_one_line_before_any_state(
         assert search(_search_argv(tiny_folder, out, "--slope-prior", spec)) == 2
         assert words in _one_line(capsys)
         assert not out.exists()  # checked before any state
+
+
+def test_a_bad_open_qa_folder_for_the_fresh_check_is_one_line_before_any_state(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A LongBench study given --openqa-dir for its fresh-drift check: a folder that is not there, or
+    one without the official files, fails in the preflight, before the study folder exists."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = {
+        str(tmp_path / "missing"): "does not exist or is not a folder",
+        str(empty): "no such file (open-QA dataset 'hotpotqa-long', from --openqa-dir)",
+    }
+    for folder, words in cases.items():
+        out = tmp_path / "out"
+        assert search(_search_argv(tiny_folder, out, "--openqa-dir", folder)) == 2
+        assert words in _one_line(capsys)
+        assert not out.exists()

@@ -14,6 +14,7 @@ BOUND = {
     "past the scored KL": "the data",
     "over the budget": "the budget",
     "too few examples": "the data",
+    "more drift on fresh prompts": "the data",
 }
 """Each case of :data:`tuner.stages.decision.Decided` -> what decided, in words."""
 
@@ -92,12 +93,34 @@ def power_sentence(d: Decision) -> str:
     return f"{need}, so its slope is floored at {prior}, {effect}; {own}. "
 
 
+def fresh_sentence(d: Decision) -> str:
+    """What the fresh-drift check measured, or why it did not run (empty where none was recorded or
+    the calibration had its power)."""
+    f = d.fresh
+    if f is None or d.calibration is None or (not f.ran and f.prompts.startswith("not needed")):
+        return ""
+    if not f.ran:
+        return f"The front's KL was not re-measured on prompts the search never saw: {f.prompts}. "
+    rec, pick = d.recommended, d.fresh_kl(d.recommended)
+    ours = (
+        ""
+        if rec is None or pick is None
+        else f"; the recommendation's is {pick:.4f} nats (on validation {rec.loss:.4f})"
+    )
+    return (
+        f"Being underpowered, the study re-measured its front's KL on {f.n_examples} prompts the search "
+        f"never saw ({f.prompts}) for {len(f.kl)} schedule(s), fastest first, and judged each at the "
+        f"larger KL{ours}. "
+    )
+
+
 def paragraph(d: Decision) -> str:
     """The paragraph: what decided, with its numbers, then the recommendation's certainty, the power
     of its examples and the time."""
     t = d.timing
     done = (
-        f"{certainty_sentence(d.certainty)}{power_sentence(d)}{t.finished} of {t.n_trials} trials finished. "
+        f"{certainty_sentence(d.certainty)}{power_sentence(d)}{fresh_sentence(d)}"
+        f"{t.finished} of {t.n_trials} trials finished. "
         f"{timing_sentence(t)}"
     )
     what = f"What decided: {BOUND[d.decided]}."
@@ -143,6 +166,14 @@ def paragraph(d: Decision) -> str:
             f"{what} {head}; the next faster schedule, {where}, drifts past the "
             f"largest KL scored on the task ({cal.max_scored_kl:.4f} nats), where the calibration is not "
             f"extrapolated ({prediction}). {done}"
+        )
+    if d.decided == "more drift on fresh prompts":
+        f = d.fresh
+        assert f is not None
+        return (
+            f"{what} {head}; the next faster schedule, {where}, passes at its validation KL but drifts "
+            f"more on the {f.n_examples} fresh prompts (KL {d.fresh_kl(nxt):.4f} nats), where it is "
+            f"{prediction}, over the {d.budget:g}-point budget. {done}"
         )
     if d.decided == "over the budget":
         return (

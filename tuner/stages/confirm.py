@@ -31,9 +31,9 @@ from optuna.trial import TrialState
 
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
-from tuner.stages.rule import pooled_rule
+from tuner.stages.rule import pooled_rule, underpowered
 from tuner.stages.trial import TrialRunner
-from tuner.statistics.bootstrap import Estimate
+from tuner.statistics.bootstrap import Estimate, weighted_mean
 from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import ScoreLoss
 from tuner.study.records import TrialRecord
@@ -97,6 +97,46 @@ class CandidateResult:
 
 
 @dataclass(frozen=True)
+class FreshCheck:
+    """The fresh-drift check of a pooled confirmation (:func:`tuner.stages.rule.pooled_rule`, step 5).
+
+    Attributes:
+        prompts: what the prompts were, in words (or why the check did not run, with ``n_examples`` 0).
+        n_examples: how many prompts (0: the check did not run).
+        kl: (trial, mean KL in nats) for every front schedule measured, fastest first.
+    """
+
+    prompts: str
+    n_examples: int
+    kl: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n_examples < 0:
+            raise ValueError(f"n_examples = {self.n_examples}: must be >= 0")
+        if self.kl and self.n_examples == 0:
+            raise ValueError("a fresh check that did not run measured no KL")
+
+    @property
+    def ran(self) -> bool:
+        return self.n_examples > 0
+
+    def of(self, trial: int) -> float | None:
+        """``trial``'s fresh KL (None: not measured)."""
+        return next((kl for t, kl in self.kl if t == trial), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "n_examples": self.n_examples, "kl": [list(x) for x in self.kl]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FreshCheck:
+        return cls(
+            str(data["prompts"]),
+            int(data["n_examples"]),
+            tuple((int(t), float(kl)) for t, kl in data.get("kl", [])),
+        )
+
+
+@dataclass(frozen=True)
 class Confirmation:
     """The confirmation stage's outcome: every candidate, the recommended trial (None if none passed),
     and how many complete trials the study held when it ran (a later trial makes it stale).
@@ -112,6 +152,7 @@ class Confirmation:
     complete_trials: int
     rule: str = "direct"
     calibration: Calibration | None = None
+    fresh: FreshCheck | None = None
 
     @property
     def recommended(self) -> CandidateResult | None:
@@ -124,7 +165,9 @@ class Confirmation:
         rec = self.recommended
         if rec is None or self.calibration is None:
             return None
-        return self.calibration.upper_at_confidence(rec.search_loss)
+        seen = None if self.fresh is None else self.fresh.of(rec.trial)
+        kl = rec.search_loss if seen is None else max(rec.search_loss, seen)  # as the rule judged it
+        return self.calibration.upper_at_confidence(kl)
 
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended
@@ -137,6 +180,7 @@ class Confirmation:
             "recommended_trial": None if rec is None else rec.trial,
             "rule": self.rule,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
+            "fresh": None if self.fresh is None else self.fresh.to_dict(),
             "candidates": [c.to_dict() for c in self.candidates],
         }
 
@@ -152,6 +196,7 @@ class Confirmation:
             calibration=None
             if data.get("calibration") is None
             else Calibration.from_dict(data["calibration"]),
+            fresh=None if data.get("fresh") is None else FreshCheck.from_dict(data["fresh"]),
         )
 
     def store(self, study: optuna.Study) -> None:
@@ -250,12 +295,44 @@ def confirm_pooled(
             out.append(ScoredSchedule(r.number, kl, task))
         return out
 
+    fresh_on = runner.settings.fresh_settings()
+    fresh_kl: list[tuple[int, float]] = []
+    prompts: list[TrialRunner] = []  # the fresh prompts' runner, built on first use only
+
+    def fresh(r: TrialRecord) -> float:
+        assert not isinstance(fresh_on, str)
+        if not prompts:
+            prompts.append(runner.on(fresh_on))
+        there = prompts[0]
+        drifts, _ = there.fidelity.evaluate(there.engine(r.schedule), desc=f"fresh KL of trial {r.number}")
+        kl = weighted_mean(
+            [d.kl for d in drifts], [there.weights[f"{d.dataset}/{d.record_id}"] for d in drifts]
+        )
+        fresh_kl.append((r.number, kl))
+        return kl
+
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
     decision = pooled_rule(
         records, runner.search_loss, runner.budget.task, k, on.weights, evidence,
         level=runner.settings.decision_level, confidence=level, prior=runner.settings.prior,
-        baseline_score=macro_score(on.baseline.results),
+        baseline_score=macro_score(on.baseline.results), fresh=None if isinstance(fresh_on, str) else fresh,
     )  # fmt: skip
+    if decision.calibration is None:
+        check = FreshCheck("not needed: no drifting schedule was scored", 0)
+    elif not underpowered(decision.calibration):
+        check = FreshCheck("not needed: the calibration has the examples its power curve asks for", 0)
+    elif isinstance(fresh_on, str):
+        check = FreshCheck(fresh_on, 0)
+    elif not fresh_kl:
+        check = FreshCheck("not needed: no drifting front schedule passed on its own KL", 0)
+    else:
+        there = prompts[0]
+        check = FreshCheck(
+            f"open-QA validation ({there.evaluator.config.n_examples} per dataset, "
+            f"{there.evaluator.config.max_prompt_tokens} tokens)",
+            len(there.evaluator.examples),
+            tuple(fresh_kl),
+        )
     picked = decision.picked
     out: list[CandidateResult] = []
     for v in decision.verdicts:  # fastest first
@@ -277,4 +354,5 @@ def confirm_pooled(
         complete_trials,
         "pooled",
         decision.calibration,
+        check,
     )

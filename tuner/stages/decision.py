@@ -8,6 +8,9 @@ that says it in words is :func:`tuner.report.decision.paragraph`).
   calibration has one, its predicted task loss.
 * **data**: its point estimate is within budget but the evidence cannot certify it; the decision holds
   how many validation examples would (:meth:`tuner.statistics.calibration.Calibration.examples_to_certify`).
+* **fresh prompts**: the next faster schedule passes at its validation KL but an underpowered study's
+  check on prompts the search never saw (:func:`tuner.stages.rule.pooled_rule`, step 5) found it
+  drifting more, over the budget there; the decision holds that KL and the prediction at it.
 * **time**: the recommendation is the fastest schedule the study completed; the decision holds
   how many trials fit the timeout at this model's measured cost per trial, and the ``--timeout`` that would
   fit ``--n-trials``.
@@ -27,6 +30,7 @@ from typing import Literal
 import optuna
 from optuna.trial import TrialState
 
+from tuner.stages.confirm import FreshCheck
 from tuner.statistics.calibration import Calibration
 from tuner.statistics.losses import Loss
 from tuner.study.outcome import StudyOutcome
@@ -134,6 +138,7 @@ Decided = Literal[
     "past the scored KL",  # the data: the next schedule is beyond what the calibration covers
     "over the budget",  # the budget: the next schedule is predicted over it
     "too few examples",  # the data: within budget as an estimate, not certified
+    "more drift on fresh prompts",  # the data: certified at its validation KL, not at its fresh one
 ]
 
 
@@ -149,6 +154,7 @@ class Decision:
         n_validation: the confirmation's validation examples (None without one).
         calibration: the pooled calibration (None without one). prediction: its prediction for
         ``next_faster``. examples_needed: validation examples that would certify ``next_faster``.
+        fresh: the confirmation's fresh-drift check (None: not recorded).
     """
 
     decided: Decided
@@ -162,6 +168,11 @@ class Decision:
     calibration: Calibration | None = None
     prediction: Prediction | None = None
     examples_needed: int | None = None
+    fresh: FreshCheck | None = None
+
+    def fresh_kl(self, step: FrontStep | None) -> float | None:
+        """``step``'s KL on the fresh prompts (None: not measured)."""
+        return None if step is None or self.fresh is None else self.fresh.of(step.trial)
 
 
 def _step(record: TrialRecord | None) -> FrontStep | None:
@@ -179,6 +190,13 @@ def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
     budget = outcome.task_budget
     faster = [r for r in outcome.front if best is None or r.values[0] > best.values[0]]
     nxt = faster[-1] if faster else None  # the slowest of the faster ones: the next step up
+    fresh = None if confirmation is None else confirmation.fresh
+
+    def judged_kl(r: TrialRecord) -> float:
+        """The KL the rule judged ``r`` at: the larger of its validation and fresh KLs."""
+        seen = None if fresh is None else fresh.of(r.number)
+        return r.values[1] if seen is None else max(r.values[1], seen)
+
     common = Decision(
         "nothing completed",
         recommended=_step(best),
@@ -188,21 +206,25 @@ def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
         timing=timing,
         certainty=None
         if best is None or calibration is None
-        else certainty(best.values[1], calibration, budget),
+        else certainty(judged_kl(best), calibration, budget),
         n_validation=None if confirmation is None else confirmation.n_examples,
         calibration=calibration,
+        fresh=fresh,
     )
     if nxt is None:
         return replace(common, decided="fastest completed" if best is not None else "nothing completed")
     if calibration is None:
         return replace(common, decided="not task-scored")
-    est, up = calibration.predicted(nxt.values[1])
-    need = calibration.examples_to_certify(nxt.values[1], budget)
+    kl = judged_kl(nxt)
+    est, up = calibration.predicted(kl)
+    need = calibration.examples_to_certify(kl, budget)
     decided: Decided
     if nxt.loss is not None and not outcome.search_loss.within(nxt.loss):
         decided = "over the cap"
     elif not calibration.covers(nxt.values[1]):
         decided = "past the scored KL"
+    elif kl > nxt.values[1]:  # measured only for a schedule that passed at its validation KL
+        decided = "more drift on fresh prompts"
     elif need is None:
         decided = "over the budget"
     else:

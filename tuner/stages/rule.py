@@ -18,6 +18,13 @@ and reads nothing but its arguments.
    the slope and bounds are floored at the prior's (:meth:`Calibration.floored`).
 4. **Pick**: the fastest front schedule with no drift, or whose predicted task-loss bound at ``level``
    is within the budget and whose KL is within the scored evidence (:meth:`Calibration.covers`).
+5. **Fresh drift** (given ``fresh``, for an underpowered calibration: no prior, or fewer examples than
+   its power curve asks for): a schedule that passes 4 is also judged at its KL on prompts the search
+   never saw (``fresh``, called fastest first until one passes), the larger of the two KLs. The
+   search ranked its schedules on the same few examples the calibration reads them at, so the front's
+   validation KLs are the lucky draws; a KL measured elsewhere carries no such selection. The slope is
+   read at it as measured (coverage stays the validation KL's: the prior's floor, fitted on open-QA
+   KLs up to several nats, is what extends it).
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ Evidence = Callable[[Sequence[TrialRecord]], Sequence[ScoredSchedule]]
 (nats) and task-score loss (points) on the calibration's examples (the search's own, whose KLs the
 records hold, or a larger set). All at once, so a scorer may go example by example."""
 
+FreshDrift = Callable[[TrialRecord], float]
+"""A front record -> its mean KL (nats per answer token) on prompts the search never saw (teacher-forced
+against the unpruned answer: no gold answer needed), what step 5 of :func:`pooled_rule` reads."""
+
 
 def spread(front: Sequence[T], k: int) -> list[T]:
     """Up to ``k`` records of ``front`` (fastest first) spread evenly over it, the fastest included:
@@ -58,11 +69,13 @@ class Verdict:
         record: the front record.
         ok: whether the rule accepts it (the pick is the first accepted, fastest first).
         why: the reason, in words.
+        fresh_kl: its mean KL on prompts the search never saw (nats; None: not measured).
     """
 
     record: TrialRecord
     ok: bool
     why: str
+    fresh_kl: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,8 +100,12 @@ class PooledDecision:
         return next((v.record for v in self.verdicts if v.ok), None)
 
 
-def judge(kl: float, calibration: Calibration | None, budget: ScoreLoss) -> tuple[bool, str]:
-    """Whether a schedule of mean KL ``kl`` (nats) is certified within ``budget``, and why."""
+def judge(
+    kl: float, calibration: Calibration | None, budget: ScoreLoss, fresh_kl: float | None = None
+) -> tuple[bool, str]:
+    """Whether a schedule of mean KL ``kl`` (nats, on the calibration's examples) is certified within
+    ``budget``, and why; with ``fresh_kl`` (its KL on prompts the search never saw) also at the larger
+    of the two."""
     if kl == 0:
         return True, "no drift (KL 0): the unpruned model's answers"
     if calibration is None:
@@ -103,6 +120,16 @@ def judge(kl: float, calibration: Calibration | None, budget: ScoreLoss) -> tupl
     )
     if up <= budget.budget and not calibration.covers(kl):
         why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
+    if ok and fresh_kl is not None:
+        if fresh_kl <= kl:
+            why += f"; on prompts the search never saw it drifts no more (KL {fresh_kl:.4f} nats)"
+        else:
+            est, up = calibration.predicted(fresh_kl)
+            ok = up <= budget.budget
+            why += (
+                f"; on prompts the search never saw it drifts more, KL {fresh_kl:.4f} nats: predicted "
+                f"task loss {est:.2f} (upper bound {up:.2f}) {'<=' if ok else '>'} budget {budget.budget:g}"
+            )
     return ok, why
 
 
@@ -118,6 +145,7 @@ def pooled_rule(
     confidence: float | None = None,
     prior: SlopePrior | None = None,
     baseline_score: float | None = None,
+    fresh: FreshDrift | None = None,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
 ) -> PooledDecision:
@@ -135,6 +163,9 @@ def pooled_rule(
         prior: the model's slope prior (``--slope-prior``), the floor of an underpowered calibration.
         baseline_score: the unpruned model's score on the evidence's examples (points, macro), what
             a prior that scales by it is read at.
+        fresh: a record's KL on prompts the search never saw (step 5), called only for an
+            underpowered calibration, only on records that pass on their own KL, fastest first,
+            until one passes.
     """
     front = feasible_front(records, search_loss)
     drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
@@ -145,5 +176,23 @@ def pooled_rule(
     calibration = fit(scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed)
     if calibration is not None and prior is not None:
         calibration = calibration.floored(prior, budget.budget, baseline_score)
-    verdicts = tuple(Verdict(r, *judge(r.values[1], calibration, budget)) for r in front)
-    return PooledDecision(tuple(front), scored, calibration, verdicts)
+    check = fresh is not None and underpowered(calibration)
+    verdicts: list[Verdict] = []
+    for r in front:
+        kl = r.values[1]
+        ok, why = judge(kl, calibration, budget)
+        seen = None
+        if ok and check and kl > 0 and not any(v.ok for v in verdicts):
+            assert fresh is not None
+            seen = float(fresh(r))
+            ok, why = judge(kl, calibration, budget, seen)
+        verdicts.append(Verdict(r, ok, why, seen))
+    return PooledDecision(tuple(front), scored, calibration, tuple(verdicts))
+
+
+def underpowered(calibration: Calibration | None) -> bool:
+    """Whether ``calibration`` stands on fewer examples than the power curve asks for: no slope prior
+    (so no curve), a prior without a curve for the budget, or fewer examples than it names."""
+    if calibration is None:
+        return False  # nothing drifting was scored: every drifting schedule is refused anyway
+    return calibration.floor is None or calibration.floor.applied

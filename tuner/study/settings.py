@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import functools
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -266,6 +267,13 @@ class SearchSettings(EvalSettings):
             "if any), none, or a prior JSON file (benchmarks/slope_prior.py)"
         ),
     )
+    fresh_kl_examples: int = field(
+        default=12,
+        metadata=_help(
+            "open-QA validation prompts per dataset on which an underpowered fidelity study re-measures "
+            "the KL of its front before picking (read from --openqa-dir or $OPENQA_DIR; 0 = off)"
+        ),
+    )
     heldout: bool = field(default=True, metadata=_help("check the recommendation on the test split"))
     tracking_uri: str | None = field(
         default=None,
@@ -313,6 +321,10 @@ class SearchSettings(EvalSettings):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} = {value}: must be >= 1 (or null for the search's own)")
+        if isinstance(self.fresh_kl_examples, bool) or self.fresh_kl_examples < 0:
+            raise ValueError(
+                f"fresh_kl_examples = {self.fresh_kl_examples}: must be >= 0 (0 = no fresh-prompt check)"
+            )
         if self.new_tokens is not None and self.new_tokens < 1:
             raise ValueError(f"new_tokens = {self.new_tokens}: must be >= 1 (or null for the answer length)")
         _ = self.revival_policy  # parsed once here: dynamic, frozen or budget:N; anything else is one line
@@ -365,6 +377,22 @@ class SearchSettings(EvalSettings):
         """The slope prior ``slope_prior`` names, read once (None: ``none``, or ``auto`` with no
         packaged prior for this model)."""
         return resolve_prior(self.slope_prior, self.model_slug)
+
+    def fresh_settings(self) -> EvalSettings | str:
+        """The prompts of the fresh-drift check (:func:`tuner.stages.rule.pooled_rule`, step 5): open-QA
+        validation records at this study's prompt length, ``fresh_kl_examples`` per dataset; or why
+        there are none (off, the search's own task is open-QA, or no local open-QA folder: the check
+        never reaches for the hub unasked)."""
+        if self.fresh_kl_examples == 0:
+            return "off (--fresh-kl-examples 0)"
+        if any(spec.source == "openqa" for spec in resolve_task(self.task, self.language)):
+            return "not needed: the search's own prompts are open-QA"
+        if not (self.openqa_dir or os.environ.get("OPENQA_DIR")):
+            return "no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR"
+        return dataclasses.replace(
+            self.eval_only(), task="openqa", language="en", split="validation",
+            n_examples=self.fresh_kl_examples,
+        )  # fmt: skip
 
     def evidence_settings(self, stage: str) -> EvalSettings:
         """What the ``confirm`` stage (validation, ``confirm_n_examples``) or the ``heldout`` stage

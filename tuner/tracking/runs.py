@@ -329,6 +329,9 @@ class Tracker:
                 # the pooled calibration's bound at --confidence: certified there, or only at the decision level
                 headline["recommended.predicted_task_loss_upper"] = upper
                 headline["recommended.certified_at_confidence"] = float(upper <= conf.budget)
+            seen = None if conf is None or conf.fresh is None else conf.fresh.of(best.number)
+            if seen is not None:  # its KL on the fresh prompts of an underpowered study's check
+                headline["recommended.fresh_kl"] = seen
             self.client.log_batch(
                 self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in headline.items()]
             )
@@ -337,6 +340,9 @@ class Tracker:
             )
         self.client.set_tag(self.parent_id, "lazyllm.accuracy_loss_unit", outcome.search_loss.unit)
         self._log_prior(outcome, now)
+        fresh = None if outcome.confirmation is None else outcome.confirmation.fresh
+        if fresh is not None:
+            self.client.set_tag(self.parent_id, "lazyllm.fresh_check", fresh.prompts[:500])
         if outcome.decision:
             self.client.set_tag(self.parent_id, "lazyllm.decision", outcome.decision[:5000])
         for path in files:

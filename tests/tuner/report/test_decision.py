@@ -3,8 +3,10 @@ sentences are exact: a study's parent run and console carry them)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support import decision_outcome
-from tuner.report.decision import certainty_sentence, explain, power_sentence, timing_sentence
+from tuner.report.decision import certainty_sentence, explain, fresh_sentence, power_sentence, timing_sentence
 from tuner.stages.decision import TrialTiming, certainty
 from tuner.statistics.calibration import Calibration
 
@@ -137,4 +139,54 @@ def test_the_paragraph_says_how_many_examples_the_budget_needs_and_whether_the_p
         "By the power curve, a 2-point budget needs 13 validation examples (picks over budget on test in at most "
         "10% of replays); this study has 13: its own calibration decides (its own slope is -6.0 (bound -1.5) "
         "points per nat). "
+    )
+
+
+def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
+    """Step 5 of the rule: trial 2 passes at its validation KL 0.3 (bound 5 x 0.3 = 1.5 points) but
+    drifts 0.5 nats on the fresh prompts (2.5 points, over budget 2); the recommendation was checked
+    there too (0.12 nats), and its certainty is read at the larger KL."""
+    import dataclasses
+
+    from tuner.stages.confirm import FreshCheck
+    from tuner.stages.decision import decide
+
+    outcome = decision_outcome(0.4, slope=4.0, slope_upper=5.0, max_scored=0.5, at_90=10.0)
+    assert outcome.confirmation is not None
+    plain = decide(outcome, TIMING)
+    assert plain.decided == "too few examples" and fresh_sentence(plain) == ""
+    check = FreshCheck("open-QA validation (12 per dataset, 1024 tokens)", 24, ((2, 0.5), (1, 0.12)))
+    checked = dataclasses.replace(
+        outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=check)
+    )
+    d = decide(checked, TIMING)
+    assert d.decided == "more drift on fresh prompts" and d.fresh_kl(d.next_faster) == 0.5
+    assert d.prediction is not None and (d.prediction.estimate, d.prediction.upper) == (
+        pytest.approx(2.0),
+        pytest.approx(2.5),
+    )
+    assert d.certainty is not None and d.certainty.upper == pytest.approx(1.2)  # 10 x 0.12, not 10 x 0.1
+    text = explain(checked, TIMING)
+    assert text.startswith("What decided: the data.")
+    assert (
+        "the next faster schedule, trial 2 (1.80x, 0.3000 nats), passes at its validation KL but drifts more "
+        "on the 24 fresh prompts (KL 0.5000 nats), where it is predicted to lose 2.00 score points (upper "
+        "bound 2.50, 60%), over the 2-point budget." in text
+    )
+    assert (
+        "Being underpowered, the study re-measured its front's KL on 24 prompts the search never saw "
+        "(open-QA validation (12 per dataset, 1024 tokens)) for 2 schedule(s), fastest first, and judged each "
+        "at the larger KL; the recommendation's is 0.1200 nats (on validation 0.1000). " in text
+    )
+    skipped = dataclasses.replace(
+        check, prompts="no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR", n_examples=0, kl=()
+    )
+    d = decide(
+        dataclasses.replace(checked, confirmation=dataclasses.replace(outcome.confirmation, fresh=skipped)),
+        TIMING,
+    )
+    assert d.decided == "too few examples"
+    assert fresh_sentence(d) == (
+        "The front's KL was not re-measured on prompts the search never saw: no open-QA folder: pass "
+        "--openqa-dir DIR or set OPENQA_DIR. "
     )

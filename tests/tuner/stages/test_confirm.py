@@ -243,3 +243,55 @@ def test_the_calibration_can_rest_on_more_examples_than_the_search(tiny_folder: 
     assert data["n_examples"] > 4 and data["calibration"]["n_examples"] == data["n_examples"]
     scored = [c for c in data["candidates"] if c["task_loss"] is not None]
     assert scored and all(c["task_loss"]["n"] == data["n_examples"] for c in scored)
+
+
+def _open_qa(folder: Path) -> Path:
+    from tests.tuner.data.test_openqa import _hotpot, _squad
+    from tuner.data.openqa import FILES
+
+    folder.mkdir()
+    (folder / FILES["hotpotqa-long"]).write_text(json.dumps(_hotpot()))
+    (folder / FILES["squad-long"]).write_text(json.dumps(_squad()))
+    return folder
+
+
+def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    """Step 5 of the rule on a real study: with no slope prior the calibration is underpowered, so the
+    fastest front schedule that passes at its validation KL is measured again on open-QA prompts the
+    search never saw; what the confirmation stores is that schedule's KL there, recomputed equal."""
+    data = _open_qa(tmp_path / "open-qa")
+    argv = [
+        *_raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity"), "--max-prompt-tokens", "300",
+        "--slope-prior", "none", "--openqa-dir", str(data), "--fresh-kl-examples", "2",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    d = tmp_path / "c"
+    fresh = json.loads((d / "confirmation.json").read_text())["fresh"]
+    assert fresh["n_examples"] == 4 and fresh["prompts"] == "open-QA validation (2 per dataset, 300 tokens)"
+    settings = parse_settings(argv)
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    outcome = StudyOutcome.from_study(study)
+    best = outcome.recommended
+    assert best is not None and best.values[1] > 0  # a budget of 100 points: the fastest drifting one
+    assert [t for t, _ in fresh["kl"]] == [best.number]  # passed there too: nothing slower is asked
+    session = open_session(settings, progress=False)
+    fresh_settings = settings.fresh_settings()
+    assert not isinstance(fresh_settings, str) and fresh_settings.task == "openqa"
+    there = session.runner.on(fresh_settings)
+    assert {ex.dataset for ex in there.evaluator.examples} == {"hotpotqa-long", "squad-long"}
+    drifts, _ = there.fidelity.evaluate(there.engine(best.schedule))
+    assert fresh["kl"][0][1] == pytest.approx(sum(x.kl for x in drifts) / len(drifts), rel=1e-6)
+    assert fresh["kl"][0][1] != pytest.approx(best.values[1], rel=1e-3)  # other prompts, another KL
+    paragraph = Schedule.load(d / "recommended.json").metadata["decision"]
+    assert "re-measured its front's KL on 4 prompts the search never saw" in paragraph
+    # without a local open-QA folder the check cannot run, and the paragraph says how to give one
+    other = tmp_path / "other"
+    assert main([*argv[: argv.index("--openqa-dir")], "--output", str(other)]) == 0
+    kept = json.loads((other / "c" / "confirmation.json").read_text())["fresh"]
+    assert kept == {
+        "prompts": "no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR",
+        "n_examples": 0,
+        "kl": [],
+    }

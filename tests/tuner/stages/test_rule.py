@@ -71,6 +71,59 @@ def test_the_rule_picks_the_fastest_certified_front_schedule() -> None:
     assert _decide(0.0).picked.number == 0  # type: ignore[union-attr]
 
 
+def _fresh_decide(
+    budget: float, fresh: dict[int, float], prior: object = None
+) -> tuple[rule.PooledDecision, list[int]]:
+    asked: list[int] = []
+
+    def seen(r: TrialRecord) -> float:
+        asked.append(r.number)
+        return fresh[r.number]
+
+    decision = rule.pooled_rule(
+        RECORDS, FidelityLoss(1.0), ScoreLoss(budget), 6, WEIGHTS, _evidence, level=0.6,
+        confidence=0.9, prior=prior, fresh=seen,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return decision, asked
+
+
+def test_an_underpowered_rule_judges_the_front_at_its_fresh_kl_too() -> None:
+    """Step 5: a schedule that passes at its validation KL is judged again at its KL on prompts the
+    search never saw, the larger one deciding; the check runs fastest first, only until one passes."""
+    # trial 1 passes budget 2 at its validation KL 0.02 (0.8 points) but drifts 0.1 elsewhere (4 points)
+    decision, asked = _fresh_decide(2.0, {1: 0.1, 2: 0.1})
+    assert asked == [1]  # trial 2 fails on its own KL; keep-all (KL 0) needs no check
+    assert decision.picked is not None and decision.picked.number == 0
+    verdict = decision.verdicts[1]
+    assert not verdict.ok and verdict.fresh_kl == 0.1 and "drifts more, KL 0.1000" in verdict.why
+    # where it drifts no more elsewhere, it is picked as before
+    decision, asked = _fresh_decide(2.0, {1: 0.01, 2: 0.1})
+    assert asked == [1] and decision.picked.number == 1  # type: ignore[union-attr]
+    assert "drifts no more" in decision.verdicts[1].why
+    # budget 10: trial 2 (8 points at KL 0.2) passes at 0.21 too (8.4), and nothing slower is asked
+    decision, asked = _fresh_decide(10.0, {1: 0.5, 2: 0.21})
+    assert asked == [2] and decision.picked.number == 2  # type: ignore[union-attr]
+    decision, asked = _fresh_decide(10.0, {1: 0.2, 2: 0.3})  # 12 points at 0.3: the next one
+    assert asked == [2, 1] and decision.picked.number == 1  # type: ignore[union-attr]
+
+
+def test_a_calibration_with_its_power_skips_the_fresh_check() -> None:
+    from tuner.statistics.prior import PowerPoint, SlopePrior
+
+    def prior(needed: int) -> SlopePrior:
+        return SlopePrior(
+            model="m", task="openqa", max_prompt_tokens=1024, n_examples=300, schedules=("a",),
+            slope=1.0, bounds=((0.6, 1.0), (0.9, 2.0)), source="r.jsonl", source_sha256="ab" * 32,
+            created="2026-12-02", power=(PowerPoint(2.0, needed, 0.05, 0.9, 100),),
+        )  # fmt: skip
+
+    decision, asked = _fresh_decide(2.0, {1: 0.1}, prior(len(KEYS)))  # 10 examples are enough
+    assert asked == [] and decision.picked.number == 1  # type: ignore[union-attr]
+    assert not rule.underpowered(decision.calibration)
+    decision, asked = _fresh_decide(2.0, {1: 0.1}, prior(len(KEYS) + 1))  # one short: checked
+    assert asked == [1] and decision.picked.number == 0  # type: ignore[union-attr]
+
+
 def _grid(bench: ModuleType) -> list[object]:
     out = []
     for r in RECORDS:
@@ -90,9 +143,34 @@ def test_the_benchmark_replays_the_products_rule(monkeypatch: pytest.MonkeyPatch
     before = bench.replay(grid, 2.0, [10], resamples=4, settings=setting)[0]
     assert before["no_pick"] == 0.0 and before["most_common_pick"] == "1"
     # break the product's rule (judge rejects everything that drifts): the benchmark must see it
-    monkeypatch.setattr(rule, "judge", lambda kl, calibration, budget: (kl == 0, "broken"))
+    monkeypatch.setattr(rule, "judge", lambda kl, *rest: (kl == 0, "broken"))
     after = bench.replay(grid, 2.0, [10], resamples=4, settings=setting)[0]
     assert after["most_common_pick"] == "0" and after["speed_kept"] < before["speed_kept"]
+
+
+def test_the_benchmark_replays_the_fresh_drift_check_of_the_products_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--fresh: step 5 reads each schedule's KL on pool examples outside the draw; a product rule that
+    refuses whatever it checks there must show in the replay."""
+    bench = _benchmark()
+    grid = _grid(bench)
+    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
+    plain = bench.replay(grid, 2.0, [4], resamples=4, settings=setting, fresh=4)[0]
+    assert plain["rule"].endswith(", fresh KL on 4") and plain["most_common_pick"] == "1"
+    judge = rule.judge
+    monkeypatch.setattr(
+        rule,
+        "judge",
+        lambda kl, cal, budget, fresh_kl=None: (
+            (False, "x") if fresh_kl is not None else judge(kl, cal, budget)
+        ),
+    )
+    broken = bench.replay(grid, 2.0, [4], resamples=4, settings=setting, fresh=4)[0]
+    assert broken["most_common_pick"] == "0" and broken["speed_kept"] < plain["speed_kept"]
+    assert (
+        bench.replay(grid, 2.0, [4], resamples=4, settings=setting)[0]["most_common_pick"] == "1"
+    )  # off: unchanged
 
 
 def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> None:

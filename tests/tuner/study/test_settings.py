@@ -206,6 +206,31 @@ def test_confirmation_and_heldout_examples_fall_back_to_the_search() -> None:
         SearchSettings(confirm_n_examples=0)
 
 
+def test_the_fresh_drift_check_reads_local_open_qa_prompts_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its prompts: open-QA validation at the study's length, ``fresh_kl_examples`` per dataset, from
+    --openqa-dir or $OPENQA_DIR (never the hub unasked); or why there are none."""
+    from tuner.study.settings import SearchSettings
+
+    monkeypatch.delenv("OPENQA_DIR", raising=False)
+    assert SearchSettings().fresh_settings() == "no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR"
+    got = SearchSettings(openqa_dir=str(tmp_path), max_prompt_tokens=700, split_seed=3).fresh_settings()
+    assert not isinstance(got, str)
+    assert (got.task, got.split, got.n_examples, got.max_prompt_tokens, got.split_seed) == (
+        "openqa", "validation", 12, 700, 3,
+    )  # fmt: skip
+    monkeypatch.setenv("OPENQA_DIR", str(tmp_path))
+    assert not isinstance(SearchSettings(fresh_kl_examples=5).fresh_settings(), str)
+    assert SearchSettings(fresh_kl_examples=0).fresh_settings() == "off (--fresh-kl-examples 0)"
+    own = SearchSettings(task="squad-long").fresh_settings()
+    assert own == "not needed: the search's own prompts are open-QA"
+    with pytest.raises(
+        ValueError, match=r"fresh_kl_examples = -1: must be >= 0 \(0 = no fresh-prompt check\)"
+    ):
+        SearchSettings(fresh_kl_examples=-1)
+
+
 # ---- issue 32 item 5: bounds that make no sense are refused, before anything is written ------------
 
 
