@@ -35,4 +35,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/generation_speed.py
 
 search: $(STAMP)
-	$(PY) -m tuner.search --task qa --data-dir ../shared/data/longbench
+	$(PY) -m tuner.search --task qa --data-dir ../shared/data/longbench --openqa-dir ../shared/data/open-qa

@@ -275,6 +275,33 @@ def test_the_recommendation_says_in_mlflow_and_its_file_whether_it_is_certified_
     assert metrics["recommended.predicted_task_loss_upper"] == pytest.approx(1.5)
 
 
+def test_the_fresh_drift_check_is_logged_and_exported_with_the_pick(tmp_path: Path) -> None:
+    """The pick's KL on the fresh prompts is a metric, the prompts a tag, both in the exported
+    schedule; the bound at --confidence is read at the larger KL, as the rule judged it."""
+    import dataclasses
+
+    from tuner.stages.confirm import FreshCheck
+
+    settings, study, uri = _toy(tmp_path)
+    tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
+    records, rec = _keep_all_and_a_confirmed_pick()
+    cal = Calibration(4.0, 10.0, 0.6, 13, (1,), 0.1, ((1, 0.1, 0.4),), 0.9, 15.0)
+    fresh = FreshCheck("open-QA validation (12 per dataset, 1024 tokens)", 24, ((1, 0.12),))
+    conf = dataclasses.replace(Confirmation(2.0, 0.9, (rec,), 13, 2, "pooled", cal), fresh=fresh)
+    assert Confirmation.from_dict(conf.to_dict()) == conf
+    outcome = StudyOutcome(
+        "toy", StudyIdentity.from_dict(settings.study_identity()), Budget(FidelityLoss(0.6), ScoreLoss(2.0)),
+        records, conf,
+    )  # fmt: skip
+    meta = outcome.schedule_of(records[1]).metadata["confirmation"]
+    assert meta["fresh"] == {"prompts": fresh.prompts, "n_examples": 24, "kl": 0.12}
+    assert meta["predicted_task_loss_upper"] == pytest.approx(15.0 * 0.12)  # not 15 x 0.1
+    tracker.end_study(outcome, files=[])
+    run = tracker.client.get_run(tracker.parent_id)
+    assert run.data.metrics["recommended.fresh_kl"] == pytest.approx(0.12)
+    assert run.data.tags["lazyllm.fresh_check"] == fresh.prompts
+
+
 def test_the_slope_prior_and_its_floor_are_logged_to_the_parent_run(tmp_path: Path) -> None:
     """The prior the study read is named (tag), attached (artifact ``slope_prior/``) and its floor's
     numbers are metrics; the exported schedule carries the floor too."""
