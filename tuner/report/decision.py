@@ -89,6 +89,12 @@ def power_sentence(d: Decision) -> str:
         )
     if not f.applied:
         return f"{need}: its own calibration decides ({own}). "
+    if f.examples_needed is not None and cal.n_examples >= f.examples_needed:
+        effect = "which decided" if f.binds else "which its own bound already exceeds"
+        return (
+            f"{need}, but its own calibration measures no task-score cost of KL ({own}), which "
+            f"{prior} contradicts, so its slope is floored there, {effect}. "
+        )
     effect = "which decided" if f.binds else "which its own bound already exceeds"
     return f"{need}, so its slope is floored at {prior}, {effect}; {own}. "
 
@@ -108,7 +114,7 @@ def fresh_sentence(d: Decision) -> str:
         else f"; the recommendation's is {pick:.4f} nats (on validation {rec.loss:.4f})"
     )
     return (
-        f"Being underpowered, the study re-measured its front's KL on {f.n_examples} prompts the search "
+        f"The study re-measured its front's KL on {f.n_examples} prompts the search "
         f"never saw ({f.prompts}) for {len(f.kl)} schedule(s), fastest first, and judged each at the "
         f"larger KL{ours}. "
     )

@@ -29,9 +29,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from tuner.data.longbench import OPENQA_DATASETS
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
-from tuner.stages.rule import pooled_rule, underpowered
+from tuner.stages.rule import pooled_rule
 from tuner.stages.trial import TrialRunner
 from tuner.statistics.bootstrap import Estimate, weighted_mean
 from tuner.statistics.calibration import Calibration, ScoredSchedule
@@ -296,6 +297,11 @@ def confirm_pooled(
         return out
 
     fresh_on = runner.settings.fresh_settings()
+    searched = len(runner.evaluator.examples)
+    if not isinstance(fresh_on, str) and searched >= len(OPENQA_DATASETS) * runner.settings.fresh_kl_examples:
+        fresh_on = (
+            f"not needed: the search ranked its schedules on {searched} examples, no fewer than the check's"
+        )
     fresh_kl: list[tuple[int, float]] = []
     prompts: list[TrialRunner] = []  # the fresh prompts' runner, built on first use only
 
@@ -319,8 +325,6 @@ def confirm_pooled(
     )  # fmt: skip
     if decision.calibration is None:
         check = FreshCheck("not needed: no drifting schedule was scored", 0)
-    elif not underpowered(decision.calibration):
-        check = FreshCheck("not needed: the calibration has the examples its power curve asks for", 0)
     elif isinstance(fresh_on, str):
         check = FreshCheck(fresh_on, 0)
     elif not fresh_kl:

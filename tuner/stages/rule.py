@@ -18,13 +18,15 @@ and reads nothing but its arguments.
    the slope and bounds are floored at the prior's (:meth:`Calibration.floored`).
 4. **Pick**: the fastest front schedule with no drift, or whose predicted task-loss bound at ``level``
    is within the budget and whose KL is within the scored evidence (:meth:`Calibration.covers`).
-5. **Fresh drift** (given ``fresh``, for an underpowered calibration: no prior, or fewer examples than
-   its power curve asks for): a schedule that passes 4 is also judged at its KL on prompts the search
-   never saw (``fresh``, called fastest first until one passes), the larger of the two KLs. The
-   search ranked its schedules on the same few examples the calibration reads them at, so the front's
-   validation KLs are the lucky draws; a KL measured elsewhere carries no such selection. The slope is
-   read at it as measured (coverage stays the validation KL's: the prior's floor, fitted on open-QA
-   KLs up to several nats, is what extends it).
+5. **Fresh drift** (given ``fresh``): a schedule that passes 4 is also judged at its KL on prompts the
+   search never saw (``fresh``, called fastest first until one passes), the larger of the two KLs. A
+   search that ranks about 50 schedules on a few examples, which its calibration then reads them at,
+   keeps the lucky draws: its front's validation KLs understate their drift. A KL measured elsewhere
+   carries no such selection. The slope is read at it as measured (coverage stays the validation
+   KL's: the prior's floor, fitted on open-QA KLs up to about 2 nats, is what extends it). The caller
+   decides when it is worth it (:func:`tuner.stages.confirm.confirm_pooled`: when the search's
+   examples are fewer than the check's prompts); the replay of a fixed grid cannot measure that
+   selection, so the power curve does not gate it.
 """
 
 from __future__ import annotations
@@ -163,9 +165,8 @@ def pooled_rule(
         prior: the model's slope prior (``--slope-prior``), the floor of an underpowered calibration.
         baseline_score: the unpruned model's score on the evidence's examples (points, macro), what
             a prior that scales by it is read at.
-        fresh: a record's KL on prompts the search never saw (step 5), called only for an
-            underpowered calibration, only on records that pass on their own KL, fastest first,
-            until one passes.
+        fresh: a record's KL on prompts the search never saw (step 5), called only on records that
+            pass on their own KL, fastest first, until one passes.
     """
     front = feasible_front(records, search_loss)
     drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
@@ -176,7 +177,7 @@ def pooled_rule(
     calibration = fit(scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed)
     if calibration is not None and prior is not None:
         calibration = calibration.floored(prior, budget.budget, baseline_score)
-    check = fresh is not None and underpowered(calibration)
+    check = fresh is not None and calibration is not None
     verdicts: list[Verdict] = []
     for r in front:
         kl = r.values[1]
@@ -188,11 +189,3 @@ def pooled_rule(
             ok, why = judge(kl, calibration, budget, seen)
         verdicts.append(Verdict(r, ok, why, seen))
     return PooledDecision(tuple(front), scored, calibration, tuple(verdicts))
-
-
-def underpowered(calibration: Calibration | None) -> bool:
-    """Whether ``calibration`` stands on fewer examples than the power curve asks for: no slope prior
-    (so no curve), a prior without a curve for the budget, or fewer examples than it names."""
-    if calibration is None:
-        return False  # nothing drifting was scored: every drifting schedule is refused anyway
-    return calibration.floor is None or calibration.floor.applied

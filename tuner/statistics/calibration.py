@@ -87,7 +87,8 @@ class Floor:
         own_slope, own_upper, own_upper_confidence: the study's own fit.
         examples_needed: validation examples the power curve asks for at the study's budget (None: no
             curve recorded, or none of its ``n`` reached the target).
-        applied: whether the study was underpowered, so the floor applies.
+        applied: whether the floor applies: the study was underpowered, or its own fit measured no
+            cost (its bound at ``level`` <= 0), which the prior's examples contradict.
         target_rate: the power curve's target rate of picks over budget on test.
         scale: the factor the prior's slope was read at (1 for an ``absolute`` prior; the study's
             unpruned score over the grid's for ``baseline``); ``prior_*`` are after it.
@@ -178,11 +179,12 @@ class Calibration:
 
     def floored(self, prior: SlopePrior, budget: float, baseline_score: float | None = None) -> Calibration:
         """This calibration checked against ``prior`` at ``budget`` (points): when its examples are
-        fewer than the prior's power curve asks for (or the curve is not recorded), the slope and its
-        bounds become at least the prior's, read at the study's unpruned ``baseline_score`` (points)
+        fewer than the prior's power curve asks for (or the curve is not recorded), or when it measures
+        no cost of KL at all, the slope and its bounds become at least the prior's, read at the study's unpruned ``baseline_score`` (points)
         for a prior that scales by it (see the module docstring)."""
         need = prior.examples_needed(budget)
-        applied = need is None or self.n_examples < need
+        # "no cost seen" is not "no cost": the prior measured one, on more examples than any study here
+        applied = need is None or self.n_examples < need or self.slope_upper <= 0
         scale = prior.scale(baseline_score)
         at_conf = None if self.confidence is None else scale * prior.upper(self.confidence)
         floor = Floor(

@@ -134,11 +134,19 @@ def test_the_paragraph_says_how_many_examples_the_budget_needs_and_whether_the_p
     sentence, _ = text_with(prior(()), 40.0, 60.0)
     assert sentence.startswith("No power curve for a 2-point budget is recorded with the open-QA prior")
     assert "which its own bound already exceeds; its own slope is 40.0 (bound 60.0)" in sentence
+    sentence, _ = text_with(prior((PowerPoint(2.0, 13, 0.05, 0.95, 500),)), 20.0, 25.0)
+    assert sentence == (
+        "By the power curve, a 2-point budget needs 13 validation examples (picks over budget on test in at most "
+        "10% of replays); this study has 13: its own calibration decides (its own slope is 20.0 (bound 25.0) "
+        "points per nat). "
+    )
+    # enough examples, but "no cost seen": the prior contradicts it, and floors it
     sentence, _ = text_with(prior((PowerPoint(2.0, 13, 0.05, 0.95, 500),)), -6.0, -1.5)
     assert sentence == (
         "By the power curve, a 2-point budget needs 13 validation examples (picks over budget on test in at most "
-        "10% of replays); this study has 13: its own calibration decides (its own slope is -6.0 (bound -1.5) "
-        "points per nat). "
+        "10% of replays); this study has 13, but its own calibration measures no task-score cost of KL (its own "
+        "slope is -6.0 (bound -1.5) points per nat), which the open-QA prior tiny/openqa-1024@cdcdcdcdcdcd "
+        "(12.0, bound 13.0, n=300) contradicts, so its slope is floored there, which decided. "
     )
 
 
@@ -174,7 +182,7 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
         "bound 2.50, 60%), over the 2-point budget." in text
     )
     assert (
-        "Being underpowered, the study re-measured its front's KL on 24 prompts the search never saw "
+        "The study re-measured its front's KL on 24 prompts the search never saw "
         "(open-QA validation (12 per dataset, 1024 tokens)) for 2 schedule(s), fastest first, and judged each "
         "at the larger KL; the recommendation's is 0.1200 nats (on validation 0.1000). " in text
     )

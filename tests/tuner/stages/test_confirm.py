@@ -264,12 +264,12 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
     data = _open_qa(tmp_path / "open-qa")
     argv = [
         *_raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity"), "--max-prompt-tokens", "300",
-        "--slope-prior", "none", "--openqa-dir", str(data), "--fresh-kl-examples", "2",
+        "--slope-prior", "none", "--openqa-dir", str(data), "--fresh-kl-examples", "3",
     ]  # fmt: skip
     assert main(argv) == 0
     d = tmp_path / "c"
     fresh = json.loads((d / "confirmation.json").read_text())["fresh"]
-    assert fresh["n_examples"] == 4 and fresh["prompts"] == "open-QA validation (2 per dataset, 300 tokens)"
+    assert fresh["n_examples"] == 6 and fresh["prompts"] == "open-QA validation (3 per dataset, 300 tokens)"
     settings = parse_settings(argv)
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
     outcome = StudyOutcome.from_study(study)
@@ -285,7 +285,7 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
     assert fresh["kl"][0][1] == pytest.approx(sum(x.kl for x in drifts) / len(drifts), rel=1e-6)
     assert fresh["kl"][0][1] != pytest.approx(best.values[1], rel=1e-3)  # other prompts, another KL
     paragraph = Schedule.load(d / "recommended.json").metadata["decision"]
-    assert "re-measured its front's KL on 4 prompts the search never saw" in paragraph
+    assert "re-measured its front's KL on 6 prompts the search never saw" in paragraph
     # without a local open-QA folder the check cannot run, and the paragraph says how to give one
     other = tmp_path / "other"
     assert main([*argv[: argv.index("--openqa-dir")], "--output", str(other)]) == 0
@@ -295,3 +295,12 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
         "n_examples": 0,
         "kl": [],
     }
+    # a search on as many examples as the check would hold gains nothing from it
+    few = tmp_path / "few"
+    assert main([*argv[:-1], "2", "--output", str(few)]) == 0
+    skipped = json.loads((few / "c" / "confirmation.json").read_text())["fresh"]
+    assert skipped["n_examples"] == 0
+    assert (
+        skipped["prompts"]
+        == "not needed: the search ranked its schedules on 4 examples, no fewer than the check's"
+    )

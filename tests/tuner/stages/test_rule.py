@@ -107,21 +107,20 @@ def test_an_underpowered_rule_judges_the_front_at_its_fresh_kl_too() -> None:
     assert asked == [2, 1] and decision.picked.number == 1  # type: ignore[union-attr]
 
 
-def test_a_calibration_with_its_power_skips_the_fresh_check() -> None:
+def test_the_fresh_check_does_not_wait_for_the_power_curve() -> None:
+    """A grid of 16 fixed schedules cannot replay a search's selection, so a calibration the power
+    curve calls powered is still checked on fresh prompts when the caller asks for it."""
     from tuner.statistics.prior import PowerPoint, SlopePrior
 
-    def prior(needed: int) -> SlopePrior:
-        return SlopePrior(
-            model="m", task="openqa", max_prompt_tokens=1024, n_examples=300, schedules=("a",),
-            slope=1.0, bounds=((0.6, 1.0), (0.9, 2.0)), source="r.jsonl", source_sha256="ab" * 32,
-            created="2026-12-02", power=(PowerPoint(2.0, needed, 0.05, 0.9, 100),),
-        )  # fmt: skip
-
-    decision, asked = _fresh_decide(2.0, {1: 0.1}, prior(len(KEYS)))  # 10 examples are enough
-    assert asked == [] and decision.picked.number == 1  # type: ignore[union-attr]
-    assert not rule.underpowered(decision.calibration)
-    decision, asked = _fresh_decide(2.0, {1: 0.1}, prior(len(KEYS) + 1))  # one short: checked
-    assert asked == [1] and decision.picked.number == 0  # type: ignore[union-attr]
+    prior = SlopePrior(
+        model="m", task="openqa", max_prompt_tokens=1024, n_examples=300, schedules=("a",),
+        slope=1.0, bounds=((0.6, 1.0), (0.9, 2.0)), source="r.jsonl", source_sha256="ab" * 32,
+        created="2026-12-02", power=(PowerPoint(2.0, len(KEYS), 0.05, 0.9, 100),),
+    )  # fmt: skip
+    decision, asked = _fresh_decide(2.0, {1: 0.1}, prior)  # 10 examples are enough by the curve
+    assert decision.calibration is not None and decision.calibration.floor is not None
+    assert not decision.calibration.floor.applied  # its own slope (40) decides ...
+    assert asked == [1] and decision.picked.number == 0  # type: ignore[union-attr]  # ... at the fresh KL
 
 
 def _grid(bench: ModuleType) -> list[object]:

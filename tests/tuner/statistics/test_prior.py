@@ -90,8 +90,9 @@ def test_an_underpowered_calibration_is_floored_at_the_prior_and_a_powered_one_i
     assert (low.floor.own_slope, low.floor.own_upper, low.floor.examples_needed) == (-6.0, -1.5, 100)
     assert "floored at the open-QA prior's 12.0" in low.floor_text()
     assert Calibration.from_dict(json.loads(json.dumps(low.to_dict()))) == low
-    high = _no_cost(150).floored(prior, 2.0)
-    assert (high.slope, high.slope_upper) == (-6.0, -1.5)  # enough examples: its own calibration decides
+    seen = Calibration(3.0, 5.0, 0.6, 150, (1,), 0.4, ((1, 0.3, 0.9),), 0.9, 7.0)
+    high = seen.floored(prior, 2.0)
+    assert (high.slope, high.slope_upper) == (3.0, 5.0)  # enough examples: its own calibration decides
     assert high.floor is not None and not high.floor.applied and high.floor_text() == ""
     # with no power curve recorded every study counts as underpowered
     assert _no_cost(500).floored(_prior(12.0), 2.0).slope == 12.0
@@ -232,3 +233,21 @@ def test_a_baseline_scaled_prior_is_read_at_the_studys_unpruned_score() -> None:
 
 def test_the_prior_builder_and_the_replay_hold_out_the_same_examples() -> None:
     assert _bench("slope_prior").HOLDOUT_SEED == _bench("decision_rule").HOLDOUT_SEED
+
+
+def test_a_calibration_that_sees_no_cost_is_floored_whatever_its_size() -> None:
+    """The power curve says 13 examples are enough, but "no cost seen" on them is not "no cost": the
+    prior measured one, so the floor applies; a study with a cost of its own and enough examples is not
+    floored."""
+    enough = _prior(power=(PowerPoint(2.0, 13, 0.05, 0.9, 100),))
+    floored = _no_cost(13).floored(enough, 2.0)
+    assert floored.floor is not None and floored.floor.applied and floored.floor.binds
+    assert (floored.slope, floored.slope_upper) == (12.0, 13.0)
+    own = Calibration(
+        slope=20.0, slope_upper=25.0, level=0.6, n_examples=13, trials=(1,), max_scored_kl=0.4,
+        points=((1, 0.3, 6.0),), confidence=0.9, slope_upper_confidence=30.0,
+    )  # fmt: skip
+    kept = own.floored(enough, 2.0)
+    assert (
+        kept.floor is not None and not kept.floor.applied and (kept.slope, kept.slope_upper) == (20.0, 25.0)
+    )
