@@ -8,7 +8,7 @@ that says it in words is :func:`tuner.report.decision.paragraph`).
   calibration has one, its predicted task loss.
 * **data**: its point estimate is within budget but the evidence cannot certify it; the decision holds
   how many validation examples would (:meth:`tuner.statistics.calibration.Calibration.examples_to_certify`).
-* **fresh prompts**: the next faster schedule passes at its validation KL but an underpowered study's
+* **fresh prompts**: the next faster schedule passes at its validation KL but the study's
   check on prompts the search never saw (:func:`tuner.stages.rule.pooled_rule`, step 5) found it
   drifting more, over the budget there; the decision holds that KL and the prediction at it.
 * **time**: the recommendation is the fastest schedule the study completed; the decision holds

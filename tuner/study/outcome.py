@@ -159,7 +159,7 @@ class StudyOutcome:
                 if cal is not None and cal.floor is not None:  # the slope prior it was checked against
                     meta["confirmation"]["slope_floor"] = cal.floor.to_dict()
                 fresh = self.confirmation.fresh
-                if fresh is not None:  # an underpowered study's check on prompts the search never saw
+                if fresh is not None:  # the fresh-drift check on prompts the search never saw
                     meta["confirmation"]["fresh"] = {
                         "prompts": fresh.prompts,
                         "n_examples": fresh.n_examples,

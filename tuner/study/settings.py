@@ -270,7 +270,7 @@ class SearchSettings(EvalSettings):
     fresh_kl_examples: int = field(
         default=12,
         metadata=_help(
-            "open-QA validation prompts per dataset on which an underpowered fidelity study re-measures "
+            "open-QA validation prompts per dataset on which a fidelity study whose search saw fewer re-measures "
             "the KL of its front before picking (read from --openqa-dir or $OPENQA_DIR; 0 = off)"
         ),
     )

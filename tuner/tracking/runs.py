@@ -330,7 +330,7 @@ class Tracker:
                 headline["recommended.predicted_task_loss_upper"] = upper
                 headline["recommended.certified_at_confidence"] = float(upper <= conf.budget)
             seen = None if conf is None or conf.fresh is None else conf.fresh.of(best.number)
-            if seen is not None:  # its KL on the fresh prompts of an underpowered study's check
+            if seen is not None:  # its KL on the fresh prompts of the fresh-drift check
                 headline["recommended.fresh_kl"] = seen
             self.client.log_batch(
                 self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in headline.items()]
