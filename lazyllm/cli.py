@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
@@ -83,6 +85,14 @@ class _Masking:
         sys.excepthook = excepthook
 
 
+def _ignore_further_interrupts() -> None:
+    """After a Ctrl-C the command is already ending: another one (a second press, or the same press
+    arriving again while MLflow's and the threads' exit handlers run) must not turn exit 130 into a
+    traceback and death by SIGINT."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def cli_main(
     parser: argparse.ArgumentParser,
     run: Callable[[argparse.Namespace], int],
@@ -109,6 +119,7 @@ def cli_main(
     try:
         return run(args)
     except KeyboardInterrupt:
+        _ignore_further_interrupts()
         if debug:
             sys.stderr.write(redact(traceback.format_exc()))
         print(f"\n{interrupted}", file=sys.stderr)

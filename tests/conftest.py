@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,15 @@ import torch
 from transformers import LlamaConfig
 
 from tests.support import ARCHS, make_tiny
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_restored() -> Any:
+    """``cli_main`` ignores Ctrl-C once it has handled one (the command is ending): in-process calls
+    must not leave the test session deaf to it."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(params=ARCHS)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +70,32 @@ def test_interrupt_and_success(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(_parser(), _raise(KeyboardInterrupt()), [], interrupted="stopped; rerun to resume") == 130
     assert capsys.readouterr().err.strip() == "stopped; rerun to resume"
     assert cli_main(_parser(), lambda args: args.n + 6, ["--n", "1"]) == 7
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # once interrupted, the exit is not
+
+
+_SECOND_PRESS = """
+import argparse, os, signal, sys, time
+from lazyllm.cli import cli_main
+
+def run(args):
+    raise KeyboardInterrupt
+
+rc = cli_main(argparse.ArgumentParser(), run, [], interrupted="stopped")
+os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again while the command ends
+time.sleep(0.2)
+sys.exit(rc)
+"""
+
+
+def test_a_second_interrupt_while_ending_keeps_exit_130(tmp_path: Path) -> None:
+    """A real process and a real signal: the second SIGINT lands after the first was handled."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", _SECOND_PRESS], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip() == "stopped"  # no traceback
 
 
 def test_secrets_are_masked_in_the_line(capsys: pytest.CaptureFixture[str]) -> None:
