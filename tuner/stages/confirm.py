@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 from tuner.data.longbench import OPENQA_DATASETS
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
-from tuner.stages.rule import pooled_rule
+from tuner.stages.rule import judged_kl, pooled_rule
 from tuner.stages.trial import TrialRunner
 from tuner.statistics.bootstrap import Estimate, weighted_mean
 from tuner.statistics.calibration import Calibration, ScoredSchedule
@@ -125,6 +125,10 @@ class FreshCheck:
         """``trial``'s fresh KL (None: not measured)."""
         return next((kl for t, kl in self.kl if t == trial), None)
 
+    def judged(self, trial: int, kl: float) -> float:
+        """The KL the rule judged ``trial`` (of KL ``kl`` on the calibration's examples) at."""
+        return judged_kl(kl, self.of(trial))
+
     def to_dict(self) -> dict[str, Any]:
         return {"prompts": self.prompts, "n_examples": self.n_examples, "kl": [list(x) for x in self.kl]}
 
@@ -166,8 +170,7 @@ class Confirmation:
         rec = self.recommended
         if rec is None or self.calibration is None:
             return None
-        seen = None if self.fresh is None else self.fresh.of(rec.trial)
-        kl = rec.search_loss if seen is None else max(rec.search_loss, seen)  # as the rule judged it
+        kl = rec.search_loss if self.fresh is None else self.fresh.judged(rec.trial, rec.search_loss)
         return self.calibration.upper_at_confidence(kl)
 
     def to_dict(self) -> dict[str, Any]:

@@ -193,9 +193,8 @@ def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
     fresh = None if confirmation is None else confirmation.fresh
 
     def judged_kl(r: TrialRecord) -> float:
-        """The KL the rule judged ``r`` at: the larger of its validation and fresh KLs."""
-        seen = None if fresh is None else fresh.of(r.number)
-        return r.values[1] if seen is None else max(r.values[1], seen)
+        """The KL the rule judged ``r`` at (its validation KL, or the fresh one where larger)."""
+        return r.values[1] if fresh is None else fresh.judged(r.number, r.values[1])
 
     common = Decision(
         "nothing completed",

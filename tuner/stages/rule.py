@@ -102,6 +102,12 @@ class PooledDecision:
         return next((v.record for v in self.verdicts if v.ok), None)
 
 
+def judged_kl(kl: float, fresh_kl: float | None) -> float:
+    """The KL step 5 judges a schedule at: the larger of its KL on the calibration's examples and its
+    KL on prompts the search never saw (``kl`` where the latter was not measured)."""
+    return kl if fresh_kl is None else max(kl, fresh_kl)
+
+
 def judge(
     kl: float, calibration: Calibration | None, budget: ScoreLoss, fresh_kl: float | None = None
 ) -> tuple[bool, str]:
@@ -123,10 +129,10 @@ def judge(
     if up <= budget.budget and not calibration.covers(kl):
         why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
     if ok and fresh_kl is not None:
-        if fresh_kl <= kl:
+        if judged_kl(kl, fresh_kl) == kl:
             why += f"; on prompts the search never saw it drifts no more (KL {fresh_kl:.4f} nats)"
         else:
-            est, up = calibration.predicted(fresh_kl)
+            est, up = calibration.predicted(judged_kl(kl, fresh_kl))
             ok = up <= budget.budget
             why += (
                 f"; on prompts the search never saw it drifts more, KL {fresh_kl:.4f} nats: predicted "

@@ -239,3 +239,16 @@ def test_the_replay_measures_how_much_more_its_pick_drifts_on_test() -> None:
     row = bench.replay(doubled, 2.0, [10], resamples=4, settings=setting)[0]
     # about 2: each draw's mean KL differs from the whole pool's by its resampling
     assert row["most_common_pick"] == "1" and row["pick_kl_test_over_draw"] == pytest.approx(2.0, rel=0.5)
+
+
+def test_the_judged_kl_is_the_larger_measured_one_everywhere() -> None:
+    """One definition serves the rule, the stored confirmation and the report."""
+    from tuner.stages.confirm import FreshCheck
+
+    assert rule.judged_kl(0.1, None) == 0.1
+    assert rule.judged_kl(0.1, 0.05) == 0.1
+    assert rule.judged_kl(0.1, 0.3) == 0.3
+    check = FreshCheck("open-QA validation", 24, ((4, 0.3), (7, 0.01)))
+    assert check.judged(4, 0.1) == 0.3
+    assert check.judged(7, 0.1) == 0.1
+    assert check.judged(5, 0.1) == 0.1  # not measured: its own KL
