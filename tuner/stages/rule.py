@@ -128,11 +128,12 @@ def judge(
     )
     if up <= budget.budget and not calibration.covers(kl):
         why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
+    at = judged_kl(kl, fresh_kl)
     if ok and fresh_kl is not None:
-        if judged_kl(kl, fresh_kl) == kl:
+        if at == kl:
             why += f"; on prompts the search never saw it drifts no more (KL {fresh_kl:.4f} nats)"
         else:
-            est, up = calibration.predicted(judged_kl(kl, fresh_kl))
+            est, up = calibration.predicted(at)
             ok = up <= budget.budget
             why += (
                 f"; on prompts the search never saw it drifts more, KL {fresh_kl:.4f} nats: predicted "
