@@ -25,6 +25,8 @@ the tokenizer, the flag, the budget, the seed and its own id, not on which recor
 
 The validation/test split is LongBench's (:func:`tuner.data.longbench.split_records`: a hash of the
 question id), taken on the questions before any record is built, so it is the same at every budget.
+A split is then taken in a hashed order (:func:`split_questions`), so its first ``n`` records are a
+random sample of it, not SQuAD's first article or two.
 
 Where the data comes from (:func:`resolve_openqa_source`): ``--openqa-dir`` (the ``openqa_dir``
 setting), else the environment variable ``OPENQA_DIR`` (a folder holding the official files
@@ -586,14 +588,31 @@ class BuiltSplit:
     skipped: tuple[str, ...]
 
 
+def split_questions(corpus: Corpus, split: Split, split_seed: int = 0) -> list[Question]:
+    """The questions of ``split`` (LongBench's hashed split of the question ids) in sample order.
+
+    The order sorts the split by sha256 of the seed and question id, so every prefix is a simple
+    random sample of the split, whatever the file's order: SQuAD's file groups its questions by
+    article, and a prefix in file order would come from one or two articles. The order depends on
+    nothing but the seed and the ids, so it is the same on every machine and at every prompt length.
+    """
+
+    def key(question: Question) -> bytes:
+        return hashlib.sha256(
+            f"openqa:sample:{split_seed}:{question.dataset}:{question.id}".encode()
+        ).digest()
+
+    return sorted(split_records(corpus.questions, split, seed=split_seed), key=key)
+
+
 def build_split(
     builder: RecordBuilder, split: Split, split_seed: int = 0, limit: int | None = None
 ) -> BuiltSplit:
-    """Records of the questions in ``split`` (LongBench's hashed split of the question ids), in file
-    order, until ``limit`` records are built (None: all); a question that cannot fit is skipped."""
+    """Records of the questions in ``split``, in :func:`split_questions`'s sample order, until
+    ``limit`` records are built (None: all); a question that cannot fit is skipped and counted."""
     records: list[Record] = []
     skipped: list[str] = []
-    for question in split_records(builder.corpus.questions, split, seed=split_seed):
+    for question in split_questions(builder.corpus, split, split_seed):
         if limit is not None and len(records) >= limit:
             break
         record = builder.build(question)

@@ -26,6 +26,7 @@ from tuner.data.openqa import (
     RecordBuilder,
     build_split,
     resolve_openqa_source,
+    split_questions,
 )
 
 SHARED = Path(longbench_dir()).resolve().parent / "open-qa"
@@ -291,9 +292,24 @@ def test_splits_never_overlap_at_any_prompt_length(corpora: dict[str, Corpus], t
             }  # the hashed split
 
 
+def test_a_split_is_taken_in_a_hashed_order_so_any_prefix_samples_every_article(
+    corpora: dict[str, Corpus],
+) -> None:
+    corpus = corpora["squad-long"]
+    for split in ("validation", "test"):
+        ordered = split_questions(corpus, split)
+        assert {q.id for q in ordered} == {q.id for q in split_records(corpus.questions, split)}
+        assert ordered != split_records(corpus.questions, split)  # not the file's order
+        reversed_file = Corpus(corpus.dataset, corpus.passages, corpus.questions[::-1])
+        assert split_questions(reversed_file, split) == ordered  # whatever the file's order
+    in_file_order = split_records(corpus.questions, "test")[:8]  # 4 articles, grouped in the file
+    assert len({g for q in in_file_order for g in q.groups}) == 1
+    assert len({g for q in split_questions(corpus, "test")[:8] for g in q.groups}) >= 2
+
+
 def test_limit_counts_built_records(corpora: dict[str, Corpus], tokenizer: Any) -> None:
     corpus = corpora["hotpotqa-long"]
-    split = [q.id for q in split_records(corpus.questions, "test")]
+    split = [q.id for q in split_questions(corpus, "test")]
     assert HUGE in split[:6]  # the test split holds the question that cannot fit
     built = build_split(RecordBuilder(corpus, tokenizer, chat=True, max_prompt_tokens=300), "test", limit=5)
     assert len(built.records) == 5 and built.skipped == (HUGE,)
@@ -417,6 +433,8 @@ def test_real_shared_files(tokenizer: Any) -> None:
             assert 1024 - 200 <= len(ids) <= 1024
             assert all(corpus.passages[i].text in record.context for i in questions[record.id].gold)
     assert len(corpus.questions) == 4299  # squad-long: every answerable question of the shared file
+    for split in ("validation", "test"):  # 24 articles; in file order 100 questions cover 1-2
+        assert len({g for q in split_questions(corpus, split)[:100] for g in q.groups}) >= 20
 
 
 def test_openqa_preset_is_valid_settings() -> None:
