@@ -25,8 +25,9 @@ Resumable across sessions: rows already in ``--out`` (by schedule and example) a
 truncated last line (a run killed mid-write) is cut off first, and the unpruned answers and the
 fidelity references live in ``--cache`` (keyed by the settings, so a rerun reuses them). The schedules are written once to
 ``<out>.schedules.json``; a rerun whose grid differs under the same names stops. Examples are done
-in chunks of ``--chunk`` (the baseline is computed per chunk), schedules within a chunk; ``--minutes``
-stops after the current row once that much time is spent. Prints the rate (rows per minute).
+in chunks of ``--chunk`` (the baseline is computed per chunk), each example's schedules
+together (their answers decoded as one batch, :func:`tuner.evaluation.runner.run_examples`); ``--minutes``
+stops after the current example once that much time is spent. Prints the rate (rows per minute).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.flops import ModelDims
 from lazyllm.methods import METHODS, make_method, peer_names
 from tuner.evaluation.fidelity import FidelityEvaluator
-from tuner.evaluation.runner import Evaluator, Example, result_of, run_example
+from tuner.evaluation.runner import Evaluator, Example, result_of, run_examples
 from tuner.study.handmade import hand_made_grid, one_stage_grid
 from tuner.study.settings import EvalSettings
 
@@ -239,14 +240,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         chunk_fid.evaluator = chunk
         refs = chunk_fid.references()
         with sp.out.open("a", encoding="utf-8") as sink:
-            for name, (family, method, schedule, options) in table.items():
-                for ex in chunk.examples:
-                    if (name, ex.key) in sp.done:
-                        continue
-                    if deadline is not None and time.monotonic() > deadline:
-                        return report(start, written)
-                    if name in engines:  # from the example's captured prefix: the same answer, sooner
-                        result = result_of(name, ex, run_example(engines[name], ex, sp.fidelity.prefix(ex)))
+            for ex in chunk.examples:
+                names = [n for n in table if (n, ex.key) not in sp.done]
+                if not names:
+                    continue
+                if deadline is not None and time.monotonic() > deadline:
+                    return report(start, written)
+                # the engines' answers from the example's captured prefix, decoded together (the same
+                # answers as one at a time, sooner); the peers one at a time
+                prefix = sp.fidelity.prefix(ex)
+                answers = dict(
+                    zip(
+                        [n for n in names if n in engines],
+                        run_examples(
+                            [(engines[n], ex, prefix) for n in names if n in engines], batch_size=len(names)
+                        ),
+                    )
+                )
+                for name in names:
+                    family, method, schedule, options = table[name]
+                    if name in answers:
+                        result = result_of(name, ex, answers[name])
                     else:
                         (result,), _ = view(chunk, [ex]).evaluate(name, generators[name])
                     drift = (

@@ -3,6 +3,7 @@
 The engine only: no Optuna or MLflow imports here (those live in :mod:`tuner`).
 """
 
+from lazyllm.batch import BatchRequest, generate_batch
 from lazyllm.engine import GenerationResult, GenerationTrace, LazyLLM, PrefillResult
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
@@ -12,6 +13,7 @@ from lazyllm.streaming import TextStream
 
 __all__ = [
     "DEFAULT_MODEL",
+    "BatchRequest",
     "GenerationResult",
     "GenerationTrace",
     "LazyLLM",
@@ -23,6 +25,7 @@ __all__ = [
     "Schedule",
     "TextStream",
     "flop_speedup",
+    "generate_batch",
     "load_model",
     "num_pruned",
 ]

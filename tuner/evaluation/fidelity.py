@@ -43,7 +43,7 @@ from lazyllm.engine import LazyLLM, PromptPrefix
 from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
 from tuner.evaluation.integrity import announce_rebuild, tensors_digest
-from tuner.evaluation.runner import ExampleResult, result_of, run_example
+from tuner.evaluation.runner import ExampleResult, result_of, run_examples
 
 DEFAULT_TOP_K = 64
 # unpruned prefills kept per evaluator so trials start at their first pruning layer; past this many
@@ -363,9 +363,11 @@ class FidelityEvaluator:
             prefix = self.prefixes.get(ex.key)
             if prefix is None and capture:
                 prefix = self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids))
-            for number, engine in engines.items():
+            # the engines' answers to this prompt decode together where their decoding is frozen
+            answers = run_examples([(engine, ex, prefix) for engine in engines.values()])
+            for (number, engine), answer in zip(engines.items(), answers):
                 results, drifts = out[number]
-                results.append(result_of("lazyllm", ex, run_example(engine, ex, prefix)))
+                results.append(result_of("lazyllm", ex, answer))
                 if kl:
                     drifts.append(self.drift_from(engine, ex, refs[ex.key], prefix))
         return out

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 import lazyllm
 from lazyllm.atomic import write_atomic
+from lazyllm.batch import DEFAULT_BATCH_SIZE, BatchRequest, decodes_frozen, generate_batch
 from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
 from lazyllm.methods import Generator, make_method
 from tuner.data.longbench import (
@@ -69,6 +70,8 @@ from tuner.evaluation.speed import (
 from tuner.statistics.bootstrap import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
 from tuner.study.context import check_context, model_context
 from tuner.study.settings import EvalSettings
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -401,6 +404,11 @@ def score_prediction(example: Example, prediction: str) -> float:
     return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
 
 
+def _chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
 def run_example(
     generator: Generator, example: Example, prefix: PromptPrefix | None = None
 ) -> GenerationResult:
@@ -414,6 +422,34 @@ def run_example(
             raise TypeError(f"a prompt prefix needs a LazyLLM engine, not {type(generator).__name__}")
         options["prefix"] = prefix
     return generator.generate(torch.tensor(example.input_ids), **options)
+
+
+Run = tuple[Generator, "Example", PromptPrefix | None]
+"""One generation to run: the generator, the example, and the prompt's captured prefix (or None)."""
+
+
+def run_examples(runs: Sequence[Run], batch_size: int = DEFAULT_BATCH_SIZE) -> list[GenerationResult]:
+    """:func:`run_example` of each run, in order; the runs of LazyLLM engines whose decoding is frozen
+    decode together, ``batch_size`` at a time (:func:`lazyllm.batch.generate_batch`: the same greedy
+    answers, without timing). Other generators run one at a time."""
+    out: list[GenerationResult | None] = [None] * len(runs)
+    batched = [i for i, (g, _, _) in enumerate(runs) if isinstance(g, LazyLLM) and decodes_frozen(g)]
+    requests = [
+        BatchRequest(
+            runs[i][0],  # type: ignore[arg-type]
+            runs[i][1].input_ids,
+            max_new_tokens=runs[i][1].max_new_tokens,
+            stop_strings=tuple(runs[i][1].stop_strings),
+            prefix=runs[i][2],
+        )
+        for i in batched
+    ]
+    for i, result in zip(batched, generate_batch(requests, batch_size=batch_size)):
+        out[i] = result
+    for i, (generator, example, prefix) in enumerate(runs):
+        if out[i] is None:
+            out[i] = run_example(generator, example, prefix)
+    return [r for r in out if r is not None]
 
 
 def result_of(method: str, example: Example, result: GenerationResult) -> ExampleResult:
@@ -477,19 +513,21 @@ class Evaluator:
     def baseline(self) -> dict[str, BaselineEntry]:
         """Unpruned prediction, score and timings per example key (computed once, then from the cache)."""
         missing = [ex for ex in self.examples if ex.key not in self.cache.entries]
-        if missing:
-            run_example(self.baseline_engine, missing[0])  # warm-up, not recorded
-        for ex in tqdm(missing, desc="baseline", disable=not self.progress or not missing):
-            result = run_example(self.baseline_engine, ex)
-            prediction = result.text or ""
-            self.cache.entries[ex.key] = BaselineEntry(
-                prediction=prediction,
-                score=score_prediction(ex, prediction),
-                ttft_s=result.ttft_s,
-                total_s=result.total_s,
-                token_ids=tuple(int(t) for t in result.token_ids),  # teacher-forced by the fidelity
-            )
+        bar = tqdm(total=len(missing), desc="baseline", disable=not self.progress or not missing)
+        for chunk in _chunks(missing, DEFAULT_BATCH_SIZE):  # decoded together, saved per chunk
+            results = run_examples([(self.baseline_engine, ex, None) for ex in chunk])
+            for ex, result in zip(chunk, results):
+                prediction = result.text or ""
+                self.cache.entries[ex.key] = BaselineEntry(
+                    prediction=prediction,
+                    score=score_prediction(ex, prediction),
+                    ttft_s=result.ttft_s,
+                    total_s=result.total_s,
+                    token_ids=tuple(int(t) for t in result.token_ids),  # teacher-forced by the fidelity
+                )
             self.cache.save()
+            bar.update(len(chunk))
+        bar.close()
         return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
 
     def timing_example(self, examples: Sequence[Example] | None = None) -> Example:
@@ -547,13 +585,19 @@ class Evaluator:
         """
         self.baseline()  # the unpruned answers exist before any method is scored against them
         results: list[ExampleResult] = []
-        bar = tqdm(self.examples, desc=desc or method, disable=not self.progress, leave=False)
-        for ex in bar:
-            results.append(result_of(method, ex, run_example(generator, ex)))
-            if should_stop is not None:
-                reason = should_stop(results)
-                if reason:
-                    return results, reason
+        bar = tqdm(total=len(self.examples), desc=desc or method, disable=not self.progress, leave=False)
+        # a frozen engine's examples decode together; a chunk of one keeps should_stop's granularity
+        size = DEFAULT_BATCH_SIZE if isinstance(generator, LazyLLM) and decodes_frozen(generator) else 1
+        for chunk in _chunks(self.examples, size):
+            for ex, result in zip(chunk, run_examples([(generator, ex, None) for ex in chunk])):
+                results.append(result_of(method, ex, result))
+                bar.update(1)
+                if should_stop is not None:
+                    reason = should_stop(results)
+                    if reason:
+                        bar.close()
+                        return results, reason
+        bar.close()
         return results, None
 
     def baseline_results(self) -> list[ExampleResult]:

@@ -13,7 +13,8 @@ from lazyllm.methods import make_method
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner import evaluate as evaluate_cli
-from tuner.evaluation.runner import Evaluator, build_examples, summarize
+from tuner.evaluation import runner
+from tuner.evaluation.runner import Evaluator, build_examples, run_example, summarize
 from tuner.report.evaluation import write_method
 from tuner.study.settings import EvalSettings
 
@@ -50,7 +51,7 @@ def test_examples_follow_longbench_rules(loaded: tuple[Any, Any]) -> None:
 
 
 def test_keep_all_lazyllm_equals_baseline_and_cache_is_reused(
-    loaded: tuple[Any, Any], tmp_path: Path
+    loaded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, tokenizer = loaded
     evaluator = Evaluator(model, tokenizer, config(), tmp_path, progress=False)
@@ -71,10 +72,29 @@ def test_keep_all_lazyllm_equals_baseline_and_cache_is_reused(
         raise AssertionError("baseline recomputed")
 
     again.baseline_engine.generate = fail  # type: ignore[method-assign]
+    monkeypatch.setattr(runner, "run_examples", fail)  # the batched path too
     assert [b.prediction for b in again.baseline_results()] == [b.prediction for b in baseline]
     # a different truncation is a different cache entry
     other = Evaluator(model, tokenizer, config(max_prompt_tokens=128), tmp_path, progress=False)
     assert other.cache.path != again.cache.path
+
+
+def test_a_frozen_schedule_decodes_its_examples_together_with_the_answers_of_one_at_a_time(
+    loaded: tuple[Any, Any], tmp_path: Path
+) -> None:
+    model, tokenizer = loaded
+    evaluator = Evaluator(model, tokenizer, config(max_new_tokens=12), tmp_path, progress=False)
+    frozen = Schedule.from_layers(tiny_path(model), 4, {1: 50}).with_revival("frozen")
+    engine = make_method("lazyllm", model, tokenizer, frozen)
+    results, _ = evaluator.evaluate("lazyllm", engine)
+    alone = [run_example(engine, ex) for ex in evaluator.examples]
+    assert [r.prediction for r in results] == [a.text for a in alone]
+    assert [r.new_tokens for r in results] == [len(a.token_ids) for a in alone]
+    assert len({len(ex.input_ids) for ex in evaluator.examples}) > 1  # padded to the longest
+    base = evaluator.baseline()
+    assert [base[ex.key].token_ids for ex in evaluator.examples] == [
+        tuple(run_example(evaluator.baseline_engine, ex).token_ids) for ex in evaluator.examples
+    ]
 
 
 def tiny_path(model: Any) -> str:

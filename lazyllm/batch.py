@@ -1,0 +1,291 @@
+"""Greedy decoding of many ``frozen`` generations as one batch, for scoring many of them cheaply.
+
+:meth:`LazyLLM.generate` decodes one sequence at a time, because a schedule that revives tokens
+gives every sequence its own active set at every step. A schedule whose decoding steps prune and
+revive nothing (``frozen`` revival, or a schedule that prunes nothing: the unpruned model) is
+different: after its prefill, layer ``l`` of a decoding step attends exactly ``C_l`` (the tokens its
+prefill computed there) plus the generated tokens, an ordinary KV-cached decode over per-layer caches
+of different lengths. Such generations can share their decoding steps, whatever their prompts and
+schedules, as long as they run on one model:
+
+1. each request's prefill runs alone, through its engine (pruning as its schedule says, resuming
+   from a captured unpruned prefix when given one), and picks the first token;
+2. per layer, the requests' stored keys/values are stacked into one ``[B, KVH, L_l + T, D]`` cache,
+   padded to the longest (``L_l``: the most tokens any request computed at layer ``l``), with a
+   mask that blocks the padding and, on sliding-window layers, keys outside the window;
+3. every step feeds each unfinished request's newest token at its own next position and writes
+   its keys/values into the next free slot of the cache; a request leaves the batch when it stops
+   (EOS, a stop string, or its ``max_new_tokens``).
+
+Each request then has the tokens :meth:`LazyLLM.generate` would give it alone: the same keys are
+attended with the same weights (keys are stored after their rotary embedding, so a slot's place in
+the cache does not matter), and the logits agree up to float rounding (a batched matmul may sum in
+another order), so an argmax can flip only where two logits tie to rounding. Greedy only. The
+results carry no timing: ``ttft_s`` is the request's prefill alone, ``total_s`` runs from its
+prefill to its last token, other requests' work included. Time with :meth:`LazyLLM.generate`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lazyllm.architectures import DecoderStack
+from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers
+from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
+from lazyllm.sampling import Sampling
+from lazyllm.text import StopCriteria
+from lazyllm.timing import synchronize
+
+DEFAULT_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One greedy generation to decode together with others.
+
+    Attributes:
+        engine: the engine whose schedule prunes the prompt; its decoding must be frozen
+            (:func:`decodes_frozen`), and every request of a batch must share its model.
+        input_ids: the prompt's token ids (already encoded; no chat template is applied).
+        max_new_tokens: at most this many new tokens.
+        stop_strings: stop once the decoded text contains one of these (the text is cut before it).
+        prefix: the prompt's unpruned prefill (:meth:`LazyLLM.capture_prefix`), as for ``generate``.
+        eos_token_id: stop at these ids (default, as for ``generate``: the model's generation
+            config's EOS, else the tokenizer's; ``()`` never stops on a token).
+    """
+
+    engine: LazyLLM
+    input_ids: Sequence[int] | torch.Tensor
+    max_new_tokens: int = 64
+    stop_strings: tuple[str, ...] = ()
+    prefix: PromptPrefix | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens = {self.max_new_tokens}: must be >= 1")
+        if not decodes_frozen(self.engine):
+            raise ValueError(
+                f"schedule with revival {self.engine.schedule.revival} revives tokens while decoding, "
+                "so its steps cannot be batched; use LazyLLM.generate, or a frozen schedule"
+            )
+
+
+def decodes_frozen(engine: LazyLLM) -> bool:
+    """Whether ``engine``'s decoding steps prune and revive nothing (what a batch needs)."""
+    schedule = engine.schedule
+    return not schedule.revival.revives or not any(schedule.percentiles)
+
+
+@dataclass
+class _Row:
+    """One request while it decodes: its stopping rule, tokens so far and prefill facts."""
+
+    index: int
+    n: int  # prompt tokens: the first generated token sits at position n
+    limit: int
+    stop: StopCriteria
+    t0: float
+    ttft: float
+    per_layer: list[float]
+    computed: float
+    revival: str
+    scoring: str
+    tokens: list[int]
+    finish: str | None = None
+    end: float | None = None  # when it stopped (perf_counter)
+
+
+def generate_batch(
+    requests: Sequence[BatchRequest], *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> list[GenerationResult]:
+    """The greedy generation of every request, in order, decoded ``batch_size`` at a time (see the
+    module docstring). All requests must run on one model."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size = {batch_size}: must be >= 1")
+    if not requests:
+        return []
+    model = requests[0].engine.model
+    if any(r.engine.model is not model for r in requests):
+        raise ValueError("the requests of one batch must share one model; batch each model's apart")
+    results: list[GenerationResult | None] = [None] * len(requests)
+    for start in range(0, len(requests), batch_size):
+        chunk = list(enumerate(requests))[start : start + batch_size]
+        for i, result in _decode_chunk(chunk):
+            results[i] = result
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]
+
+
+@torch.inference_mode()
+def _decode_chunk(chunk: list[tuple[int, BatchRequest]]) -> list[tuple[int, GenerationResult]]:
+    engine = chunk[0][1].engine
+    stack = engine.stack
+    layers, inner = lazyllm_layers(engine.model, stack.layers)
+    device = engine.device
+    rows: list[_Row] = []
+    caches: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []  # per row, per layer
+    for index, request in chunk:
+        t0 = time.perf_counter()
+        row, cache = _prefill(index, request, t0)
+        rows.append(row)
+        if row.finish is None:
+            caches.append(cache)
+    live = [r for r in rows if r.finish is None]
+    if live:
+        _decode_together(stack, layers, inner, device, live, caches)
+    return [(r.index, _result(r)) for r in rows]
+
+
+def _prefill(
+    index: int, request: BatchRequest, t0: float
+) -> tuple[_Row, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """The request's pruned prefill alone, its first token, and its per-layer (keys, values, positions)."""
+    engine = request.engine
+    ids, stop = engine._prepare(
+        torch.as_tensor(request.input_ids),
+        request.max_new_tokens,
+        False,
+        eos if (eos := request.eos_token_id) is None or isinstance(eos, int) else list(eos),
+        request.stop_strings,
+    )
+    prefix = request.prefix
+    if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
+        raise ValueError("prefix was captured from another prompt; capture it from this one")
+    n = ids.shape[1]
+    gen = engine._begin(ids, n, store_kv=True, trace=False)
+    logits = engine._forward(gen, ids, 0, prefix=prefix)
+    token = int(logits[0].argmax())
+    synchronize(ids.device)
+    state = gen.state
+    row = _Row(
+        index=index,
+        n=n,
+        limit=request.max_new_tokens,
+        stop=stop,
+        t0=t0,
+        ttft=time.perf_counter() - t0,
+        per_layer=(state.slot_of[:, :n] >= 0).float().mean(dim=1).tolist(),
+        computed=gen.prompt_pairs / (n * engine.stack.num_layers),
+        revival=str(gen.revival),
+        scoring=str(gen.scoring),
+        tokens=[token],
+    )
+    row.finish = stop.check(row.tokens) or ("length" if row.limit == 1 else None)
+    cache = []
+    for kv in state.kv:
+        if kv.keys is None or kv.values is None:
+            raise RuntimeError("a prefill left a layer's KV store empty (engine bug)")
+        m = kv.length
+        cache.append((kv.keys[:, :, :m], kv.values[:, :, :m], kv.slot_positions()))
+    return row, cache
+
+
+def _decode_together(
+    stack: DecoderStack,
+    layers: tuple[torch.nn.Module, ...],
+    inner: str,
+    device: torch.device,
+    rows: list[_Row],
+    caches: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
+) -> None:
+    """Decode ``rows`` (each with its first token) together until every one has stopped."""
+    steps = max(r.limit for r in rows) - 1
+    keys, values, positions, valid, base = [], [], [], [], []
+    for li in range(len(layers)):
+        parts = [c[li] for c in caches]
+        longest = max(k.shape[2] for k, _, _ in parts)
+        first = parts[0][0]
+        shape = (len(parts), first.shape[1], longest + steps, first.shape[3])
+        k_all, v_all = first.new_zeros(shape), first.new_zeros(shape)
+        p_all = torch.zeros(shape[0], shape[2], dtype=torch.long, device=device)
+        ok = torch.zeros(shape[0], shape[2], dtype=torch.bool, device=device)
+        for b, (k, v, p) in enumerate(parts):
+            m = k.shape[2]
+            k_all[b, :, :m], v_all[b, :, :m], p_all[b, :m], ok[b, :m] = k[0], v[0], p, True
+        keys.append(k_all)
+        values.append(v_all)
+        positions.append(p_all)
+        valid.append(ok)
+        base.append(longest)
+    caches.clear()  # the rows' own stores are no longer needed
+    live = list(rows)
+    n = torch.tensor([r.n for r in live], device=device)
+    for step in range(steps):
+        tokens = torch.tensor([[r.tokens[-1]] for r in live], device=device)
+        pos = n + step  # [B] where each row's newest token sits
+        hidden = stack.embed(tokens)
+        embeddings = stack.position_embeddings(hidden, pos[:, None])
+        for index, layer in enumerate(layers):
+            slot = base[index] + step
+            keys_l, values_l, pos_l, ok_l = keys[index], values[index], positions[index], valid[index]
+            pos_l[:, slot] = pos
+            ok_l[:, slot] = True
+            allowed = ok_l[:, : slot + 1]
+            window = stack.windows[index]
+            if window is not None:
+                allowed = allowed & ((pos[:, None] - pos_l[:, : slot + 1]) < window)
+            mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=device)
+            mask.masked_fill_(~allowed, torch.finfo(hidden.dtype).min)
+
+            def store(
+                key: torch.Tensor,
+                value: torch.Tensor,
+                k_l: torch.Tensor = keys_l,
+                v_l: torch.Tensor = values_l,
+                end: int = slot + 1,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+                k_l[:, :, end - 1] = key[:, :, 0]
+                v_l[:, :, end - 1] = value[:, :, 0]
+                return k_l[:, :, :end], v_l[:, :, :end]
+
+            hidden = layer(
+                hidden,
+                attention_mask=mask[:, None, None],
+                position_ids=pos[:, None],
+                position_embeddings=embeddings[stack.layer_types[index]],
+                **{CALL_KWARG: AttentionCall(inner=inner, store=store)},
+            )
+        chosen = stack.logits(hidden).float().argmax(dim=-1).tolist()
+        keep = []
+        for b, (row, token) in enumerate(zip(live, chosen)):
+            row.tokens.append(int(token))
+            row.finish = row.stop.check(row.tokens) or ("length" if len(row.tokens) >= row.limit else None)
+            if row.finish is None:
+                keep.append(b)
+            else:
+                row.end = time.perf_counter()
+        if not keep:
+            return
+        if len(keep) < len(live):
+            at = torch.tensor(keep, device=device)
+            keys = [k.index_select(0, at) for k in keys]
+            values = [v.index_select(0, at) for v in values]
+            positions = [p.index_select(0, at) for p in positions]
+            valid = [v.index_select(0, at) for v in valid]
+            n = n.index_select(0, at)
+            live = [live[b] for b in keep]
+
+
+def _result(row: _Row) -> GenerationResult:
+    total = (row.t0 + row.ttft if row.end is None else row.end) - row.t0
+    assert row.finish is not None
+    return GenerationResult(
+        token_ids=list(row.tokens),
+        text=row.stop.text(row.tokens),
+        prompt_tokens=row.n,
+        ttft_s=row.ttft,
+        total_s=total,
+        finish_reason=row.finish,
+        prompt_computed_per_layer=row.per_layer,
+        prompt_computed_per_step=[row.computed] * len(row.tokens),
+        aux_peak_entries=0,
+        aux_peak_bytes=0,
+        revival=row.revival,
+        scoring=row.scoring,
+        sampling=Sampling(),
+    )

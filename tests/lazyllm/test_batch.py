@@ -1,0 +1,91 @@
+"""Batched decoding of frozen generations (lazyllm.batch): each request gets what generate gives it alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from lazyllm import LazyLLM, Schedule
+from lazyllm.batch import BatchRequest, decodes_frozen, generate_batch
+from tests.support import make_tiny, prompt
+
+
+def _schedules(model: Any) -> list[Schedule]:
+    name, layers = model.config.name_or_path, model.config.num_hidden_layers
+    pruned = [0.0] * layers
+    pruned[1], pruned[3] = 0.4, 0.5
+    return [
+        Schedule.keep_all(name, layers),
+        Schedule(name, tuple(pruned)).with_revival("frozen"),
+        Schedule(name, (0.6,) + (0.0,) * (layers - 1)).with_revival("frozen"),
+    ]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_every_request_gets_the_tokens_generate_gives_it_alone(tiny: Any, attn: str) -> None:
+    model = tiny if attn == "sdpa" else make_tiny(tiny.config.name_or_path.removeprefix("tiny-"), attn)
+    engines = [LazyLLM(model, s) for s in _schedules(model)]
+    lengths = (9, 23, 40, 31)  # past the sliding windows (8) of mistral, qwen2 and gemma3
+    requests = [
+        BatchRequest(engine, prompt(n, seed=n)[0].tolist(), max_new_tokens=6 + (n % 5), eos_token_id=())
+        for engine in engines
+        for n in lengths
+    ]
+    batched = generate_batch(requests, batch_size=5)  # chunks of 5, 5 and 2: rows of mixed schedules
+    assert len(batched) == len(requests)
+    for request, got in zip(requests, batched):
+        alone = request.engine.generate(
+            torch.tensor(request.input_ids), max_new_tokens=request.max_new_tokens, eos_token_id=[]
+        )
+        assert got.token_ids == alone.token_ids
+        assert got.finish_reason == alone.finish_reason == "length"
+        assert got.prompt_tokens == alone.prompt_tokens
+        assert got.prompt_computed_per_layer == pytest.approx(alone.prompt_computed_per_layer)
+        assert got.prompt_computed_fraction == pytest.approx(alone.prompt_computed_fraction)
+        assert got.revival == alone.revival
+
+
+def test_rows_leave_the_batch_when_they_stop_and_prefixes_resume(tiny: Any) -> None:
+    keep_all, frozen, _ = (LazyLLM(tiny, s) for s in _schedules(tiny))
+    ids = [prompt(n, seed=n)[0].tolist() for n in (12, 30, 21)]
+    free = [frozen.generate(torch.tensor(x), max_new_tokens=12, eos_token_id=[]) for x in ids]
+    # each prompt's 4th generated token is its EOS: the rows stop at different steps
+    eos = [r.token_ids[3] for r in free]
+    prefixes = [keep_all.capture_prefix(x) for x in ids]
+    for e, x, prefix in zip(eos, ids, prefixes):
+        (got,) = generate_batch([BatchRequest(frozen, x, max_new_tokens=12, eos_token_id=e)])
+        (resumed,) = generate_batch(
+            [BatchRequest(frozen, x, max_new_tokens=12, prefix=prefix, eos_token_id=e)]
+        )
+        alone = frozen.generate(torch.tensor(x), max_new_tokens=12, eos_token_id=e)
+        assert got.token_ids == resumed.token_ids == alone.token_ids
+        assert got.finish_reason == alone.finish_reason == "eos"
+        assert len(got.token_ids) <= 4
+    limits = (12, 5, 9)  # row 0 stops at its EOS (<= 4 tokens), the others at theirs or their limit
+    together = generate_batch(
+        [BatchRequest(frozen, x, max_new_tokens=m, eos_token_id=eos[0]) for x, m in zip(ids, limits)]
+    )
+    for x, m, got in zip(ids, limits, together):
+        alone = frozen.generate(torch.tensor(x), max_new_tokens=m, eos_token_id=eos[0])
+        assert got.token_ids == alone.token_ids and got.finish_reason == alone.finish_reason
+    assert together[0].finish_reason == "eos"
+    assert len({len(got.token_ids) for got in together}) > 1  # rows left the batch at different steps
+
+
+def test_a_reviving_schedule_or_two_models_are_refused(tiny: Any) -> None:
+    name, layers = tiny.config.name_or_path, tiny.config.num_hidden_layers
+    dynamic = LazyLLM(tiny, Schedule(name, (0.5,) + (0.0,) * (layers - 1)))
+    assert not decodes_frozen(dynamic)
+    assert decodes_frozen(LazyLLM(tiny, Schedule.keep_all(name, layers)))  # nothing to revive
+    with pytest.raises(ValueError, match=r"revives tokens while decoding.*LazyLLM.generate"):
+        BatchRequest(dynamic, [1, 2, 3])
+    other = make_tiny(name.removeprefix("tiny-"), seed=1)
+    frozen = Schedule.keep_all(name, layers)
+    with pytest.raises(ValueError, match="share one model"):
+        generate_batch(
+            [BatchRequest(LazyLLM(tiny, frozen), [1, 2]), BatchRequest(LazyLLM(other, frozen), [1, 2])]
+        )
+    with pytest.raises(ValueError, match="max_new_tokens = 0"):
+        BatchRequest(LazyLLM(tiny, frozen), [1, 2], max_new_tokens=0)
