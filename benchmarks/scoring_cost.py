@@ -12,7 +12,8 @@ first token), total time, tokens generated and finish reason: decode per step is
 ``(total - ttft) / (new tokens - 1)``. Then the same examples go through the product's stages as a
 study runs them, timed: the baseline (:meth:`Evaluator.baseline`), the fidelity references, one
 fidelity trial of the paper-style schedule (:meth:`FidelityEvaluator.evaluate`) and one task-scored
-pass (:meth:`Evaluator.evaluate`), and the confirmation's three schedules with their KLs, one at a
+pass (:meth:`Evaluator.evaluate`, its examples decoded together by :func:`lazyllm.generate_batch`,
+then one at a time for comparison, counting identical answers), and the confirmation's three schedules with their KLs, one at a
 time against example by example from one captured prefix each
 (:meth:`FidelityEvaluator.score_together`). Wall seconds on whatever the machine does meanwhile (the CPU is
 shared): read ratios, not absolute values. Writes a dated JSON with every row.
@@ -37,7 +38,7 @@ from lazyllm.methods import make_method
 from tuner.data.longbench import dataset_spec
 from tuner.data.metrics import score_example
 from tuner.evaluation.fidelity import FidelityEvaluator
-from tuner.evaluation.runner import Evaluator, Example, build_examples
+from tuner.evaluation.runner import Evaluator, Example, build_examples, run_example
 from tuner.study.settings import EvalSettings
 
 
@@ -131,7 +132,13 @@ def main() -> int:
         _, ref_s = timed(fid.references)
         engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False)
         _, trial_s = timed(lambda: fid.evaluate(engine))
-        _, scored_s = timed(lambda: ev.evaluate("lazyllm", generators["paper-style"]))
+        # one task-scored pass: the examples decoded together (what the evaluation runs), then one
+        # at a time as before; the answers must be the same
+        (batched, _), scored_s = timed(lambda: ev.evaluate("lazyllm", generators["paper-style"]))
+        alone, alone_scored_s = timed(
+            lambda: [run_example(generators["paper-style"], ex) for ex in ev.examples]
+        )
+        same = sum(r.prediction == (a.text or "") for r, a in zip(batched, alone))
         # the confirmation's k = 3 schedules with their KLs on a larger set (no prefix cached): one at a
         # time, as before, then example by example from one captured prefix each (score_together)
         three = {
@@ -153,6 +160,8 @@ def main() -> int:
         "fidelity_reference_s_per_example": ref_s / n,
         "fidelity_trial_s_per_example": trial_s / n,
         "task_scored_s_per_example": scored_s / n,
+        "task_scored_one_at_a_time_s_per_example": alone_scored_s / n,
+        "task_scored_same_answers": same,
         "confirm_3_schedules_alone_s_per_example": alone_s / n,
         "confirm_3_schedules_together_s_per_example": together_s / n,
     }
