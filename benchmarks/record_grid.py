@@ -249,11 +249,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # the engines' answers from the example's captured prefix, decoded together (the same
                 # answers as one at a time, sooner); the peers one at a time
                 prefix = sp.fidelity.prefix(ex)
+                ours = [n for n in names if n in engines]
+                along = tuple(refs[ex.key].answer_ids.tolist())  # the KL's answer, from the same prefill
                 answers = dict(
                     zip(
-                        [n for n in names if n in engines],
+                        ours,
                         run_examples(
-                            [(engines[n], ex, prefix) for n in names if n in engines], batch_size=len(names)
+                            [(engines[n], ex, prefix) for n in ours],
+                            batch_size=len(names),
+                            forced=[along] * len(ours),
                         ),
                     )
                 )
@@ -264,8 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else:
                         (result,), _ = view(chunk, [ex]).evaluate(name, generators[name])
                     drift = (
-                        sp.fidelity.example_drift(engines[name], ex, refs[ex.key])
-                        if name in engines
+                        sp.fidelity.drift_from(
+                            engines[name], ex, refs[ex.key], prefix, answers[name].forced_logits
+                        )
+                        if name in answers
                         else None
                     )
                     row = {

@@ -56,6 +56,9 @@ class BatchRequest:
         prefix: the prompt's unpruned prefill (:meth:`LazyLLM.capture_prefix`), as for ``generate``.
         eos_token_id: stop at these ids (default, as for ``generate``: the model's generation
             config's EOS, else the tokenizer's; ``()`` never stops on a token).
+        forced: an answer to teacher-force as well: the result's ``forced_logits`` are then
+            :meth:`LazyLLM.forced_logits` of ``forced`` (the same passes, the same numbers), from the
+            generation's own prefill, which so runs once for both.
     """
 
     engine: LazyLLM
@@ -64,10 +67,13 @@ class BatchRequest:
     stop_strings: tuple[str, ...] = ()
     prefix: PromptPrefix | None = None
     eos_token_id: int | tuple[int, ...] | None = None
+    forced: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens = {self.max_new_tokens}: must be >= 1")
+        if self.forced is not None and not self.forced:
+            raise ValueError("forced answer is empty: need at least one token (or None)")
         if not decodes_frozen(self.engine):
             raise ValueError(
                 f"schedule with revival {self.engine.schedule.revival} revives tokens while decoding, "
@@ -96,6 +102,7 @@ class _Row:
     revival: str
     scoring: str
     tokens: list[int]
+    forced_logits: torch.Tensor | None = None
     finish: str | None = None
     end: float | None = None  # when it stopped (perf_counter)
 
@@ -157,7 +164,8 @@ def _prefill(
     if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
         raise ValueError("prefix was captured from another prompt; capture it from this one")
     n = ids.shape[1]
-    gen = engine._begin(ids, n, store_kv=True, trace=False)
+    forced = request.forced or ()
+    gen = engine._begin(ids, n + len(forced), store_kv=True, trace=False)
     logits = engine._forward(gen, ids, 0, prefix=prefix)
     token = int(logits[0].argmax())
     synchronize(ids.device)
@@ -181,7 +189,9 @@ def _prefill(
         if kv.keys is None or kv.values is None:
             raise RuntimeError("a prefill left a layer's KV store empty (engine bug)")
         m = kv.length
-        cache.append((kv.keys[:, :, :m], kv.values[:, :, :m], kv.slot_positions()))
+        cache.append((kv.keys[:, :, :m], kv.values[:, :, :m], kv.slot_positions().clone()))
+    if forced:  # appends after the prefill's slots (room was made for it): the views above stay
+        row.forced_logits = engine._forced_rest(gen, logits, n, forced)
     return row, cache
 
 
@@ -288,4 +298,5 @@ def _result(row: _Row) -> GenerationResult:
         revival=row.revival,
         scoring=row.scoring,
         sampling=Sampling(),
+        forced_logits=row.forced_logits,
     )

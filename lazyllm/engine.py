@@ -184,6 +184,8 @@ class GenerationResult:
         step_logits: ``[vocab]`` float32 logits of each step, when asked for.
         trace: what every pass computed, when asked for (``generate(..., trace=True)``).
         sampling: the decoding strategy the tokens were chosen by (greedy unless asked).
+        forced_logits: ``[T, vocab]`` float32, :meth:`LazyLLM.forced_logits` along an answer given
+            with the request, from the same prefill (:func:`lazyllm.batch.generate_batch` only).
     """
 
     token_ids: list[int]
@@ -202,6 +204,7 @@ class GenerationResult:
     step_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
     trace: GenerationTrace | None = field(default=None, repr=False)
     sampling: Sampling = field(default_factory=Sampling)
+    forced_logits: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def prompt_computed_fraction(self) -> float:
@@ -760,7 +763,16 @@ class LazyLLM:
         n = ids.shape[1]
         gen = self._begin(ids, n + len(forced), store_kv=True, trace=False)
         first = self._forward(gen, ids, 0, prefix=prefix)
-        rest = torch.tensor([[int(t) for t in forced[:-1]]], device=ids.device)
+        return self._forced_rest(gen, first, n, forced)
+
+    def _forced_rest(
+        self, gen: _Generation, first: torch.Tensor, n: int, forced: Sequence[int]
+    ) -> torch.Tensor:
+        """:meth:`_forced_one_pass` after its prefill (``first``: the prefill's logits ``[1, vocab]``):
+        every forced token but the last as one pass (appended to ``gen``'s stores)."""
+        if len(forced) == 1:
+            return first.float()
+        rest = torch.tensor([[int(t) for t in forced[:-1]]], device=first.device)
         return torch.cat([first.float(), self._forward(gen, rest, n, every_query=True)])
 
     def _forced_steps(

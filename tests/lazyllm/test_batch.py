@@ -89,3 +89,25 @@ def test_a_reviving_schedule_or_two_models_are_refused(tiny: Any) -> None:
         )
     with pytest.raises(ValueError, match="max_new_tokens = 0"):
         BatchRequest(LazyLLM(tiny, frozen), [1, 2], max_new_tokens=0)
+
+
+def test_a_forced_answer_rides_on_the_generations_prefill_with_the_same_logits(tiny: Any) -> None:
+    keep_all, frozen, early = (LazyLLM(tiny, s) for s in _schedules(tiny))
+    ids = [prompt(n, seed=n)[0].tolist() for n in (14, 33)]
+    answers = [keep_all.generate(torch.tensor(x), max_new_tokens=7, eos_token_id=[]).token_ids for x in ids]
+    for engine in (keep_all, frozen, early):
+        for x, answer in zip(ids, answers):
+            prefix = keep_all.capture_prefix(x)
+            for given in (None, prefix):
+                requests = [
+                    BatchRequest(engine, x, max_new_tokens=5, eos_token_id=(), prefix=given, forced=tuple(f))
+                    for f in (answer, answer[:1])
+                ]
+                for request, got in zip(requests, generate_batch(requests)):
+                    assert request.forced is not None and got.forced_logits is not None
+                    alone = engine.forced_logits(torch.tensor(x), list(request.forced), prefix=given)
+                    assert torch.equal(got.forced_logits, alone)  # the same passes, bit for bit
+                    plain = engine.generate(torch.tensor(x), max_new_tokens=5, eos_token_id=[])
+                    assert got.token_ids == plain.token_ids  # and the answer is untouched by it
+    with pytest.raises(ValueError, match="forced answer is empty"):
+        BatchRequest(frozen, ids[0], forced=())

@@ -329,10 +329,17 @@ class FidelityEvaluator:
         return self.drift_from(engine, example, ref, self.prefix(example))
 
     def drift_from(
-        self, engine: LazyLLM, example: Any, ref: Reference, prefix: PromptPrefix | None
+        self,
+        engine: LazyLLM,
+        example: Any,
+        ref: Reference,
+        prefix: PromptPrefix | None,
+        logits: torch.Tensor | None = None,
     ) -> ExampleDrift:
-        """:meth:`example_drift` with the prompt's ``prefix`` given (None: the whole prefill)."""
-        logits = forced_logits(engine, example.input_ids, ref.answer_ids.tolist(), prefix)
+        """:meth:`example_drift` with the prompt's ``prefix`` given (None: the whole prefill), and the
+        forced logits along the reference's answer when already computed (``logits``)."""
+        if logits is None:
+            logits = forced_logits(engine, example.input_ids, ref.answer_ids.tolist(), prefix)
         kl, top1 = drift(ref, logits)
         gold_delta = None
         if ref.gold_ids.numel():
@@ -363,13 +370,17 @@ class FidelityEvaluator:
             prefix = self.prefixes.get(ex.key)
             if prefix is None and capture:
                 prefix = self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids))
-            # the engines' answers to this prompt decode together where their decoding is frozen
-            answers = run_examples([(engine, ex, prefix) for engine in engines.values()])
+            # the engines' answers to this prompt decode together where their decoding is frozen,
+            # each teacher-forced along the unpruned answer from its generation's own prefill
+            along = tuple(refs[ex.key].answer_ids.tolist()) if kl else None
+            answers = run_examples(
+                [(engine, ex, prefix) for engine in engines.values()], forced=[along] * len(engines)
+            )
             for (number, engine), answer in zip(engines.items(), answers):
                 results, drifts = out[number]
                 results.append(result_of("lazyllm", ex, answer))
                 if kl:
-                    drifts.append(self.drift_from(engine, ex, refs[ex.key], prefix))
+                    drifts.append(self.drift_from(engine, ex, refs[ex.key], prefix, answer.forced_logits))
         return out
 
     def evaluate(

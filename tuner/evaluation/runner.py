@@ -24,6 +24,7 @@ rebuilt with one line when either fails or a value is implausible (:func:`load_b
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -428,10 +429,21 @@ Run = tuple[Generator, "Example", PromptPrefix | None]
 """One generation to run: the generator, the example, and the prompt's captured prefix (or None)."""
 
 
-def run_examples(runs: Sequence[Run], batch_size: int = DEFAULT_BATCH_SIZE) -> list[GenerationResult]:
+def run_examples(
+    runs: Sequence[Run],
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    forced: Sequence[tuple[int, ...] | None] | None = None,
+) -> list[GenerationResult]:
     """:func:`run_example` of each run, in order; the runs of LazyLLM engines whose decoding is frozen
     decode together, ``batch_size`` at a time (:func:`lazyllm.batch.generate_batch`: the same greedy
-    answers, without timing). Other generators run one at a time."""
+    answers, without timing). Other generators run one at a time.
+
+    ``forced`` (one answer or None per run, for LazyLLM engines): each result also carries the
+    teacher-forced logits along it (``forced_logits``, :meth:`LazyLLM.forced_logits`), from the
+    generation's own prefill where the run is batched."""
+    wanted = list(forced) if forced is not None else [None] * len(runs)
+    if len(wanted) != len(runs):
+        raise ValueError(f"{len(wanted)} forced answers for {len(runs)} runs: give one (or None) per run")
     out: list[GenerationResult | None] = [None] * len(runs)
     batched = [i for i, (g, _, _) in enumerate(runs) if isinstance(g, LazyLLM) and decodes_frozen(g)]
     requests = [
@@ -441,6 +453,7 @@ def run_examples(runs: Sequence[Run], batch_size: int = DEFAULT_BATCH_SIZE) -> l
             max_new_tokens=runs[i][1].max_new_tokens,
             stop_strings=tuple(runs[i][1].stop_strings),
             prefix=runs[i][2],
+            forced=wanted[i],
         )
         for i in batched
     ]
@@ -448,7 +461,14 @@ def run_examples(runs: Sequence[Run], batch_size: int = DEFAULT_BATCH_SIZE) -> l
         out[i] = result
     for i, (generator, example, prefix) in enumerate(runs):
         if out[i] is None:
-            out[i] = run_example(generator, example, prefix)
+            result = run_example(generator, example, prefix)
+            answer = wanted[i]
+            if answer is not None:
+                if not isinstance(generator, LazyLLM):
+                    raise TypeError(f"a forced answer needs a LazyLLM engine, not {type(generator).__name__}")
+                logits = generator.forced_logits(torch.tensor(example.input_ids), answer, prefix=prefix)
+                result = dataclasses.replace(result, forced_logits=logits)
+            out[i] = result
     return [r for r in out if r is not None]
 
 
