@@ -235,10 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sp, c in chunks:
         chunk = view(sp.evaluator, sp.todo[c : c + args.chunk])
         sp.fidelity.prefixes.clear()  # this chunk's prefixes only: the memory cap is never reached
-        base = chunk.baseline()
         chunk_fid = copy.copy(sp.fidelity)
         chunk_fid.evaluator = chunk
-        refs = chunk_fid.references()
+        refs = chunk_fid.references()  # first: the baseline with it, from one unpruned prefill each
+        base = chunk.baseline()
         with sp.out.open("a", encoding="utf-8") as sink:
             for ex in chunk.examples:
                 names = [n for n in table if (n, ex.key) not in sp.done]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,6 +60,8 @@ class BatchRequest:
         forced: an answer to teacher-force as well: the result's ``forced_logits`` are then
             :meth:`LazyLLM.forced_logits` of ``forced`` (the same passes, the same numbers), from the
             generation's own prefill, which so runs once for both.
+        force_own: teacher-force the request's own answer once it is decoded (``forced_logits``
+            along ``token_ids``, from the same prefill): the unpruned model's reference in one prefill.
     """
 
     engine: LazyLLM
@@ -68,12 +71,15 @@ class BatchRequest:
     prefix: PromptPrefix | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     forced: tuple[int, ...] | None = None
+    force_own: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens = {self.max_new_tokens}: must be >= 1")
         if self.forced is not None and not self.forced:
             raise ValueError("forced answer is empty: need at least one token (or None)")
+        if self.forced is not None and self.force_own:
+            raise ValueError("give forced or force_own, not both")
         if not decodes_frozen(self.engine):
             raise ValueError(
                 f"schedule with revival {self.engine.schedule.revival} revives tokens while decoding, "
@@ -103,6 +109,7 @@ class _Row:
     scoring: str
     tokens: list[int]
     forced_logits: torch.Tensor | None = None
+    own: tuple[LazyLLM, Any, torch.Tensor] | None = None  # engine, prefill state, logits: to force
     finish: str | None = None
     end: float | None = None  # when it stopped (perf_counter)
 
@@ -145,6 +152,8 @@ def _decode_chunk(chunk: list[tuple[int, BatchRequest]]) -> list[tuple[int, Gene
     live = [r for r in rows if r.finish is None]
     if live:
         _decode_together(stack, layers, inner, device, live, caches)
+    for row in rows:
+        _force_own(row)
     return [(r.index, _result(r)) for r in rows]
 
 
@@ -165,7 +174,8 @@ def _prefill(
         raise ValueError("prefix was captured from another prompt; capture it from this one")
     n = ids.shape[1]
     forced = request.forced or ()
-    gen = engine._begin(ids, n + len(forced), store_kv=True, trace=False)
+    room = request.max_new_tokens if request.force_own else len(forced)
+    gen = engine._begin(ids, n + room, store_kv=True, trace=False)
     logits = engine._forward(gen, ids, 0, prefix=prefix)
     token = int(logits[0].argmax())
     synchronize(ids.device)
@@ -192,7 +202,17 @@ def _prefill(
         cache.append((kv.keys[:, :, :m], kv.values[:, :, :m], kv.slot_positions().clone()))
     if forced:  # appends after the prefill's slots (room was made for it): the views above stay
         row.forced_logits = engine._forced_rest(gen, logits, n, forced)
+    elif request.force_own:  # once its answer is known (_force_own)
+        row.own = (engine, gen, logits)
     return row, cache
+
+
+def _force_own(row: _Row) -> None:
+    """Teacher-force the row's decoded answer from its kept prefill (which the batch copied)."""
+    if row.own is not None:
+        engine, gen, logits = row.own
+        row.forced_logits = engine._forced_rest(gen, logits, row.n, row.tokens)
+        row.own = None
 
 
 def _decode_together(

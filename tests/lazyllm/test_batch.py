@@ -111,3 +111,19 @@ def test_a_forced_answer_rides_on_the_generations_prefill_with_the_same_logits(t
                     assert got.token_ids == plain.token_ids  # and the answer is untouched by it
     with pytest.raises(ValueError, match="forced answer is empty"):
         BatchRequest(frozen, ids[0], forced=())
+
+
+def test_force_own_gives_the_reference_of_the_answer_it_decoded(tiny: Any) -> None:
+    keep_all, frozen, _ = (LazyLLM(tiny, s) for s in _schedules(tiny))
+    ids = [prompt(n, seed=n)[0].tolist() for n in (11, 27, 19)]
+    requests = [
+        BatchRequest(engine, x, max_new_tokens=m, eos_token_id=(), force_own=True)
+        for engine in (keep_all, frozen)
+        for x, m in zip(ids, (6, 1, 9))
+    ]
+    for request, got in zip(requests, generate_batch(requests, batch_size=4)):
+        assert got.forced_logits is not None and len(got.token_ids) == request.max_new_tokens
+        alone = request.engine.forced_logits(torch.tensor(request.input_ids), got.token_ids)
+        assert torch.equal(got.forced_logits, alone)
+    with pytest.raises(ValueError, match="not both"):
+        BatchRequest(frozen, ids[0], forced=(1,), force_own=True)

@@ -39,11 +39,12 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from lazyllm.atomic import replace_with
+from lazyllm.batch import DEFAULT_BATCH_SIZE, BatchRequest, generate_batch
 from lazyllm.engine import LazyLLM, PromptPrefix
 from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
 from tuner.evaluation.integrity import announce_rebuild, tensors_digest
-from tuner.evaluation.runner import ExampleResult, result_of, run_examples
+from tuner.evaluation.runner import ExampleResult, chunks, result_of, run_examples
 
 DEFAULT_TOP_K = 64
 # unpruned prefills kept per evaluator so trials start at their first pruning layer; past this many
@@ -273,7 +274,10 @@ class FidelityEvaluator:
         return ids[: example.max_new_tokens]
 
     def references(self) -> dict[str, Reference]:
-        """The unpruned side per example key (computed once, then read from the cache)."""
+        """The unpruned side per example key (computed once, then read from the cache). Examples with
+        neither a baseline answer nor a reference get both from one unpruned prefill
+        (:meth:`_unpruned_together`); the others are forced along their cached baseline answer."""
+        self._unpruned_together()
         base = self.evaluator.baseline()
         stale = [
             ex.key
@@ -299,6 +303,45 @@ class FidelityEvaluator:
             self.cache.entries[ex.key] = reference_from_logits(answer, logits, self.top_k, gold, gold_logits)
             self.cache.save()
         return {ex.key: self.cache.entries[ex.key] for ex in self.evaluator.examples}
+
+    def _unpruned_together(self) -> None:
+        """Baseline answers and references of the examples that lack both: per example the unpruned
+        prefix is captured once (kept while within ``prefix_bytes``), the baseline's answer resumes
+        from it (its last layer, then decoding, batched across examples) and is teacher-forced from
+        that same prefill: one unpruned prefill instead of three, the same answers and logits."""
+        ev = self.evaluator
+        todo = [
+            ex for ex in ev.examples if ex.key not in ev.cache.entries and ex.key not in self.cache.entries
+        ]
+        bar = tqdm(total=len(todo), desc="baseline and reference", disable=not ev.progress or not todo)
+        for chunk in chunks(todo, DEFAULT_BATCH_SIZE):
+            prefixes = [
+                self.prefix(ex) or self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids)) for ex in chunk
+            ]
+            requests = [
+                BatchRequest(
+                    self.keep_all,
+                    ex.input_ids,
+                    max_new_tokens=ex.max_new_tokens,
+                    stop_strings=tuple(ex.stop_strings),
+                    prefix=prefix,
+                    force_own=True,
+                )
+                for ex, prefix in zip(chunk, prefixes)
+            ]
+            for ex, prefix, result in zip(chunk, prefixes, generate_batch(requests)):
+                assert result.forced_logits is not None
+                ev.record_baseline(ex, result)
+                answer = list(result.token_ids)
+                gold = self.gold_ids(ex)
+                gold_logits = forced_logits(self.keep_all, ex.input_ids, gold, prefix) if gold else None
+                self.cache.entries[ex.key] = reference_from_logits(
+                    answer, result.forced_logits, self.top_k, gold, gold_logits
+                )
+            ev.cache.save()
+            self.cache.save()
+            bar.update(len(chunk))
+        bar.close()
 
     def _matches(self, ref: Reference, entry: Any, example: Any) -> bool:
         """``ref`` was forced along ``entry``'s answer (and ``example``'s gold answer, if measured)."""

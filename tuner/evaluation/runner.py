@@ -405,7 +405,7 @@ def score_prediction(example: Example, prediction: str) -> float:
     return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
 
 
-def _chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
+def chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
 
@@ -534,21 +534,25 @@ class Evaluator:
         """Unpruned prediction, score and timings per example key (computed once, then from the cache)."""
         missing = [ex for ex in self.examples if ex.key not in self.cache.entries]
         bar = tqdm(total=len(missing), desc="baseline", disable=not self.progress or not missing)
-        for chunk in _chunks(missing, DEFAULT_BATCH_SIZE):  # decoded together, saved per chunk
+        for chunk in chunks(missing, DEFAULT_BATCH_SIZE):  # decoded together, saved per chunk
             results = run_examples([(self.baseline_engine, ex, None) for ex in chunk])
             for ex, result in zip(chunk, results):
-                prediction = result.text or ""
-                self.cache.entries[ex.key] = BaselineEntry(
-                    prediction=prediction,
-                    score=score_prediction(ex, prediction),
-                    ttft_s=result.ttft_s,
-                    total_s=result.total_s,
-                    token_ids=tuple(int(t) for t in result.token_ids),  # teacher-forced by the fidelity
-                )
+                self.record_baseline(ex, result)
             self.cache.save()
             bar.update(len(chunk))
         bar.close()
         return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
+
+    def record_baseline(self, example: Example, result: GenerationResult) -> None:
+        """Store the unpruned model's generation on ``example`` in the cache (saved by the caller)."""
+        prediction = result.text or ""
+        self.cache.entries[example.key] = BaselineEntry(
+            prediction=prediction,
+            score=score_prediction(example, prediction),
+            ttft_s=result.ttft_s,
+            total_s=result.total_s,
+            token_ids=tuple(int(t) for t in result.token_ids),  # teacher-forced by the fidelity
+        )
 
     def timing_example(self, examples: Sequence[Example] | None = None) -> Example:
         """The example of ``examples`` (default: all) whose prompt length is nearest their median
@@ -608,7 +612,7 @@ class Evaluator:
         bar = tqdm(total=len(self.examples), desc=desc or method, disable=not self.progress, leave=False)
         # a frozen engine's examples decode together; a chunk of one keeps should_stop's granularity
         size = DEFAULT_BATCH_SIZE if isinstance(generator, LazyLLM) and decodes_frozen(generator) else 1
-        for chunk in _chunks(self.examples, size):
+        for chunk in chunks(self.examples, size):
             for ex, result in zip(chunk, run_examples([(generator, ex, None) for ex in chunk])):
                 results.append(result_of(method, ex, result))
                 bar.update(1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 import numpy as np
@@ -73,8 +73,23 @@ class TrialRunner:
     space: SearchSpace
     baseline: BaselineStats
     budget: Budget
+    shared_fidelity: InitVar[FidelityEvaluator | None] = None  # one built on this evaluator (build)
 
-    def __post_init__(self) -> None:
+    @classmethod
+    def build(
+        cls, settings: SearchSettings, model: Any, tokenizer: Any, evaluator: Evaluator, space: SearchSpace,
+        budget: Budget,
+    ) -> TrialRunner:  # fmt: skip
+        """A runner on ``evaluator``'s examples with their baseline computed (or read): for a fidelity
+        search together with the fidelity reference, from one unpruned prefill per example
+        (:meth:`FidelityEvaluator.references`), and only then read as the baseline."""
+        fidelity = FidelityEvaluator(evaluator, top_k=settings.fidelity_top_k, gold=settings.fidelity_gold)
+        if budget.search.kind == "fidelity":
+            fidelity.references()
+        stats = BaselineStats.of(evaluator.baseline_results())
+        return cls(settings, model, tokenizer, evaluator, space, stats, budget, fidelity)
+
+    def __post_init__(self, shared_fidelity: FidelityEvaluator | None) -> None:
         self.num_layers = int(self.model.config.num_hidden_layers)
         self.dims = ModelDims.from_config(self.model.config)
         examples = self.evaluator.examples
@@ -83,8 +98,12 @@ class TrialRunner:
         # per schedule and length, so one prompt timed robustly beats many timed once)
         self.timing_example = min(examples, key=lambda e: (abs(len(e.input_ids) - self.prompt_tokens), e.key))
         self.weights = dict(zip((e.key for e in examples), macro_weights([e.dataset for e in examples])))
-        self.fidelity = FidelityEvaluator(
-            self.evaluator, top_k=self.settings.fidelity_top_k, gold=self.settings.fidelity_gold
+        self.fidelity = (
+            shared_fidelity
+            if shared_fidelity is not None and shared_fidelity.evaluator is self.evaluator
+            else FidelityEvaluator(
+                self.evaluator, top_k=self.settings.fidelity_top_k, gold=self.settings.fidelity_gold
+            )
         )
         self.baseline_engine = self.engine(Schedule.keep_all(self.settings.model, self.num_layers))
 
@@ -126,10 +145,9 @@ class TrialRunner:
             self.settings.study_dir / "cache",
             progress=self.evaluator.progress,
         )
-        return TrialRunner(
-            self.settings, self.model, self.tokenizer, evaluator, self.space,
-            BaselineStats.of(evaluator.baseline_results()), self.budget,
-        )  # fmt: skip
+        return TrialRunner.build(
+            self.settings, self.model, self.tokenizer, evaluator, self.space, self.budget
+        )
 
     # --- the objective, as named steps ------------------------------------------------------------
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:

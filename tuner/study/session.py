@@ -33,7 +33,7 @@ from tuner.stages.decision import TrialTiming
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.trial import TrialRunner
-from tuner.statistics.losses import BaselineStats, Budget
+from tuner.statistics.losses import Budget
 from tuner.study.outcome import StudyOutcome
 from tuner.study.preflight import check_search
 from tuner.study.records import TrialRecord
@@ -152,12 +152,12 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
                 prepare_mlflow_store(tracking_uri)  # a new SQLite store is made atomically (Ctrl-C safe)
                 tracker = Tracker(tracking_uri, settings, study, budget)
             warm_start(study, space, layers)
-        baseline = BaselineStats.of(evaluator.baseline_results())  # computed once, then read from the cache
+        # the baseline (and a fidelity search's reference) computed once, then read from the cache
+        runner = TrialRunner.build(settings, model, tokenizer, evaluator, space, budget)
     except BaseException:
         if storage is not None:
             storage.engine.dispose()
         raise
-    runner = TrialRunner(settings, model, tokenizer, evaluator, space, baseline, budget)
     runner.prepare()  # the fidelity reference now, so the first trial's time (and estimate) is its own
     return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri, storage)
 

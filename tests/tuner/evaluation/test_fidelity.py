@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -135,6 +136,44 @@ def test_schedules_scored_together_equal_each_scored_alone(tiny_folder: Path, tm
             assert got.record_id == want.record_id and got.kl == pytest.approx(want.kl, abs=1e-6)
     assert together[7][0] != together[9][0] or together[7][1] != together[9][1]  # two schedules, two rows
     assert fid.score_together(engines, kl=False)[7][1] == []  # no KL asked, none computed
+
+
+def test_baseline_and_reference_from_one_prefill_equal_those_computed_apart(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    """references() on examples with no baseline yet computes both from one unpruned prefill per
+    example; the answers, the cached baseline and the reference are those of computing them apart."""
+    model, tokenizer = load_model(str(tiny_folder))
+    cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=2, max_prompt_tokens=80,
+                       max_new_tokens=6, data_dir=longbench_dir())  # fmt: skip
+    apart = Evaluator(model, tokenizer, cfg, tmp_path / "apart", progress=False)
+    base = apart.baseline()  # first the baseline (generate), then the references forced along it
+    refs_apart = FidelityEvaluator(apart, gold=True).references()
+    together = Evaluator(model, tokenizer, cfg, tmp_path / "together", progress=False)
+    fid = FidelityEvaluator(together, gold=True)
+    captures: list[int] = []
+    full_prefills: list[int] = []
+    capture, forward = fid.keep_all.capture_prefix, fid.keep_all._forward
+
+    def counted_forward(gen: Any, ids: Any, start: int, **kw: Any) -> Any:
+        if start == 0 and kw.get("prefix") is None:
+            full_prefills.append(1)
+        return forward(gen, ids, start, **kw)
+
+    fid.keep_all.capture_prefix = lambda ids: captures.append(1) or capture(ids)  # type: ignore[method-assign]
+    fid.keep_all._forward = counted_forward  # type: ignore[method-assign]
+    together.baseline_engine.generate = None  # type: ignore[method-assign,assignment]
+    refs = fid.references()
+    # one unpruned prefill per example: its prefix; the answer and its reference resume from it
+    assert len(captures) == len(together.examples) > 1 and not full_prefills
+    for ex in together.examples:
+        got, want = together.cache.entries[ex.key], base[ex.key]
+        assert (got.prediction, got.score, got.token_ids) == (want.prediction, want.score, want.token_ids)
+        for name in ("answer_ids", "topk_ids", "topk_logp", "gold_ids", "gold_logp"):
+            assert torch.equal(getattr(refs[ex.key], name), getattr(refs_apart[ex.key], name)), name
+    # a keep-all trial reproduces the reference exactly
+    keep = LazyLLM(model, Schedule.keep_all("x", model.config.num_hidden_layers), strict_model_name=False)
+    assert all(d.kl == 0.0 and d.top1 == 1.0 for d in fid.evaluate(keep)[0])
 
 
 def test_keep_all_forced_logits_match_a_transformers_forward() -> None:
