@@ -27,25 +27,28 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lazyllm.cli import cli_main
-from lazyllm.flops import ModelDims
-from lazyllm.methods import Generator, make_method, peer_names
-from lazyllm.models import load_model
-from lazyllm.schedule import Schedule
-from tuner.evaluation import matched
-from tuner.evaluation.runner import (
-    EvaluationSummary,
-    Evaluator,
-    ExampleResult,
-    MethodSpeed,
-    by_category,
-    summarize,
-)
-from tuner.redact import redact_text
-from tuner.report import evaluation as report
-from tuner.report import matched as matched_report
-from tuner.study.preflight import check_evaluate
-from tuner.study.settings import EvaluateSettings, add_flags, settings_from_flags
+from tuner.starting import interrupts_end_the_start
+
+with interrupts_end_the_start(__name__):  # Ctrl-C while torch loads: one line
+    from lazyllm.cli import cli_main
+    from lazyllm.flops import ModelDims
+    from lazyllm.methods import Generator, make_method, peer_names
+    from lazyllm.models import load_model
+    from lazyllm.schedule import Schedule
+    from tuner.evaluation import matched
+    from tuner.evaluation.runner import (
+        EvaluationSummary,
+        Evaluator,
+        ExampleResult,
+        MethodSpeed,
+        by_category,
+        summarize,
+    )
+    from tuner.redact import redact_text
+    from tuner.report import evaluation as report
+    from tuner.report import matched as matched_report
+    from tuner.study.preflight import check_evaluate
+    from tuner.study.settings import EvaluateSettings, add_flags, settings_from_flags
 
 COMPUTE_MATCHED = frozenset({"random", "static", "compression"})
 """Baselines built to compute what the schedule computes (:mod:`lazyllm.methods`): the FLOP model

@@ -24,18 +24,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import optuna
+from tuner.starting import interrupts_end_the_start
 
-from lazyllm.cli import cli_main
-from lazyllm.schedule import Schedule
-from tuner.redact import redact_text, redact_url
-from tuner.report.files import write_outcome
-from tuner.statistics.losses import Budget
-from tuner.study.identity import StudyIdentity
-from tuner.study.outcome import StudyOutcome
-from tuner.study.preflight import check_budget, check_tracking
-from tuner.study.settings import SearchSettings, add_flags
-from tuner.study.stores import sqlite_path
+with interrupts_end_the_start(__name__):  # Ctrl-C while torch loads: one line
+    import optuna
+
+    from lazyllm.cli import cli_main
+    from lazyllm.schedule import Schedule
+    from tuner.redact import redact_text, redact_url
+    from tuner.report.files import write_outcome
+    from tuner.statistics.losses import Budget
+    from tuner.study.identity import StudyIdentity
+    from tuner.study.outcome import StudyOutcome
+    from tuner.study.preflight import check_budget, check_tracking
+    from tuner.study.settings import SearchSettings, add_flags
+    from tuner.study.stores import sqlite_path
 
 
 def load_existing_study(name: str, storage: str) -> optuna.Study:

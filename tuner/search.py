@@ -20,9 +20,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from lazyllm.cli import USER_ERRORS, cli_main, one_line
-from tuner.redact import redact_text
-from tuner.study.settings import EvalSettings, SearchSettings, add_flags, settings_from_flags
+from tuner.starting import interrupts_end_the_start
+
+with interrupts_end_the_start(__name__):  # Ctrl-C while torch loads: one line
+    from lazyllm.cli import USER_ERRORS, cli_main, one_line
+    from tuner.redact import redact_text
+    from tuner.study.settings import EvalSettings, SearchSettings, add_flags, settings_from_flags
 
 RESUME_HINT = "interrupted: finished trials are saved; rerun the same command to resume"
 

@@ -200,3 +200,34 @@ def test_half_made_mlflow_store_from_an_older_run_is_repaired(tmp_path: Path) ->
     assert client.create_experiment("e")  # a working store
     prepare_mlflow_store(f"sqlite:///{db}")  # a good store is left alone
     assert client.get_experiment_by_name("e") is not None
+
+
+# a real SIGINT, sent by the child to itself when it starts importing torch: deterministic, whatever
+# the machine's speed; then the command module runs as the program, as ``python -m`` runs it
+_WHILE_IMPORTING = """
+import importlib.abc, os, runpy, signal, sys
+class Press(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Press())
+sys.argv = [sys.argv[1], "--help"]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_while_a_command_imports_torch_is_one_line_and_exit_130() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for module in ("tuner.search", "tuner.evaluate", "tuner.export"):
+        done = subprocess.run(
+            [sys.executable, "-c", _WHILE_IMPORTING, module],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert done.returncode == 130, (module, done.returncode, done.stderr[-2000:])
+        assert done.stderr.strip() == "interrupted while starting: nothing was done", done.stderr[-2000:]
+        assert done.stdout == ""  # it never got as far as the help
