@@ -9,7 +9,9 @@ of different lengths. Such generations can share their decoding steps, whatever 
 schedules, as long as they run on one model:
 
 1. each request's prefill runs alone, through its engine (pruning as its schedule says, resuming
-   from a captured unpruned prefix when given one), and picks the first token;
+   from a captured unpruned prefix when given one), and picks the first token; a request may also
+   ask for teacher-forced logits along a given answer (``forced``) or along its own answer once it
+   is decoded (``force_own``), run from that same prefill (the fidelity's KL and reference);
 2. per layer, the requests' stored keys/values are stacked into one ``[B, KVH, L_l + T, D]`` cache,
    padded to the longest (``L_l``: the most tokens any request computed at layer ``l``), with a
    mask that blocks the padding and, on sliding-window layers, keys outside the window;
