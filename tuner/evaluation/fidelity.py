@@ -313,35 +313,35 @@ class FidelityEvaluator:
         todo = [
             ex for ex in ev.examples if ex.key not in ev.cache.entries and ex.key not in self.cache.entries
         ]
-        bar = tqdm(total=len(todo), desc="baseline and reference", disable=not ev.progress or not todo)
-        for chunk in chunks(todo, DEFAULT_BATCH_SIZE):
-            prefixes = [
-                self.prefix(ex) or self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids)) for ex in chunk
-            ]
-            requests = [
-                BatchRequest(
-                    self.keep_all,
-                    ex.input_ids,
-                    max_new_tokens=ex.max_new_tokens,
-                    stop_strings=tuple(ex.stop_strings),
-                    prefix=prefix,
-                    force_own=True,
-                )
-                for ex, prefix in zip(chunk, prefixes)
-            ]
-            for ex, prefix, result in zip(chunk, prefixes, generate_batch(requests)):
-                assert result.forced_logits is not None
-                ev.record_baseline(ex, result)
-                answer = list(result.token_ids)
-                gold = self.gold_ids(ex)
-                gold_logits = forced_logits(self.keep_all, ex.input_ids, gold, prefix) if gold else None
-                self.cache.entries[ex.key] = reference_from_logits(
-                    answer, result.forced_logits, self.top_k, gold, gold_logits
-                )
-            ev.cache.save()
-            self.cache.save()
-            bar.update(len(chunk))
-        bar.close()
+        with tqdm(total=len(todo), desc="baseline and reference", disable=not ev.progress or not todo) as bar:
+            for chunk in chunks(todo, DEFAULT_BATCH_SIZE):
+                prefixes = [
+                    self.prefix(ex) or self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids))
+                    for ex in chunk
+                ]
+                requests = [
+                    BatchRequest(
+                        self.keep_all,
+                        ex.input_ids,
+                        max_new_tokens=ex.max_new_tokens,
+                        stop_strings=tuple(ex.stop_strings),
+                        prefix=prefix,
+                        force_own=True,
+                    )
+                    for ex, prefix in zip(chunk, prefixes)
+                ]
+                for ex, prefix, result in zip(chunk, prefixes, generate_batch(requests)):
+                    assert result.forced_logits is not None
+                    ev.record_baseline(ex, result)
+                    answer = list(result.token_ids)
+                    gold = self.gold_ids(ex)
+                    gold_logits = forced_logits(self.keep_all, ex.input_ids, gold, prefix) if gold else None
+                    self.cache.entries[ex.key] = reference_from_logits(
+                        answer, result.forced_logits, self.top_k, gold, gold_logits
+                    )
+                ev.cache.save()
+                self.cache.save()
+                bar.update(len(chunk))
 
     def _matches(self, ref: Reference, entry: Any, example: Any) -> bool:
         """``ref`` was forced along ``entry``'s answer (and ``example``'s gold answer, if measured)."""

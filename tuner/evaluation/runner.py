@@ -533,14 +533,14 @@ class Evaluator:
     def baseline(self) -> dict[str, BaselineEntry]:
         """Unpruned prediction, score and timings per example key (computed once, then from the cache)."""
         missing = [ex for ex in self.examples if ex.key not in self.cache.entries]
-        bar = tqdm(total=len(missing), desc="baseline", disable=not self.progress or not missing)
-        for chunk in chunks(missing, DEFAULT_BATCH_SIZE):  # decoded together, saved per chunk
-            results = run_examples([(self.baseline_engine, ex, None) for ex in chunk])
-            for ex, result in zip(chunk, results):
-                self.record_baseline(ex, result)
-            self.cache.save()
-            bar.update(len(chunk))
-        bar.close()
+        # a context: a Ctrl-C closes the bar before the command prints its last line
+        with tqdm(total=len(missing), desc="baseline", disable=not self.progress or not missing) as bar:
+            for chunk in chunks(missing, DEFAULT_BATCH_SIZE):  # decoded together, saved per chunk
+                results = run_examples([(self.baseline_engine, ex, None) for ex in chunk])
+                for ex, result in zip(chunk, results):
+                    self.record_baseline(ex, result)
+                self.cache.save()
+                bar.update(len(chunk))
         return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
 
     def record_baseline(self, example: Example, result: GenerationResult) -> None:
@@ -609,19 +609,18 @@ class Evaluator:
         """
         self.baseline()  # the unpruned answers exist before any method is scored against them
         results: list[ExampleResult] = []
-        bar = tqdm(total=len(self.examples), desc=desc or method, disable=not self.progress, leave=False)
         # a frozen engine's examples decode together; a chunk of one keeps should_stop's granularity
         size = DEFAULT_BATCH_SIZE if isinstance(generator, LazyLLM) and decodes_frozen(generator) else 1
-        for chunk in chunks(self.examples, size):
-            for ex, result in zip(chunk, run_examples([(generator, ex, None) for ex in chunk])):
-                results.append(result_of(method, ex, result))
-                bar.update(1)
-                if should_stop is not None:
-                    reason = should_stop(results)
-                    if reason:
-                        bar.close()
-                        return results, reason
-        bar.close()
+        total = len(self.examples)
+        with tqdm(total=total, desc=desc or method, disable=not self.progress, leave=False) as bar:
+            for chunk in chunks(self.examples, size):
+                for ex, result in zip(chunk, run_examples([(generator, ex, None) for ex in chunk])):
+                    results.append(result_of(method, ex, result))
+                    bar.update(1)
+                    if should_stop is not None:
+                        reason = should_stop(results)
+                        if reason:
+                            return results, reason
         return results, None
 
     def baseline_results(self) -> list[ExampleResult]:
