@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from lazyllm.atomic import replace_with
-from lazyllm.batch import DEFAULT_BATCH_SIZE, BatchRequest, generate_batch
+from lazyllm.batch import DEFAULT_BATCH_SIZE
 from lazyllm.engine import LazyLLM, PromptPrefix
 from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
@@ -319,18 +319,8 @@ class FidelityEvaluator:
                     self.prefix(ex) or self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids))
                     for ex in chunk
                 ]
-                requests = [
-                    BatchRequest(
-                        self.keep_all,
-                        ex.input_ids,
-                        max_new_tokens=ex.max_new_tokens,
-                        stop_strings=tuple(ex.stop_strings),
-                        prefix=prefix,
-                        force_own=True,
-                    )
-                    for ex, prefix in zip(chunk, prefixes)
-                ]
-                for ex, prefix, result in zip(chunk, prefixes, generate_batch(requests)):
+                runs = [(self.keep_all, ex, prefix) for ex, prefix in zip(chunk, prefixes)]
+                for ex, prefix, result in zip(chunk, prefixes, run_examples(runs, force_own=True)):
                     assert result.forced_logits is not None
                     ev.record_baseline(ex, result)
                     answer = list(result.token_ids)

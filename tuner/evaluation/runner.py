@@ -433,6 +433,7 @@ def run_examples(
     runs: Sequence[Run],
     batch_size: int = DEFAULT_BATCH_SIZE,
     forced: Sequence[tuple[int, ...] | None] | None = None,
+    force_own: bool = False,
 ) -> list[GenerationResult]:
     """:func:`run_example` of each run, in order; the runs of LazyLLM engines whose decoding is frozen
     decode together, ``batch_size`` at a time (:func:`lazyllm.batch.generate_batch`: the same greedy
@@ -440,7 +441,10 @@ def run_examples(
 
     ``forced`` (one answer or None per run, for LazyLLM engines): each result also carries the
     teacher-forced logits along it (``forced_logits``, :meth:`LazyLLM.forced_logits`), from the
-    generation's own prefill where the run is batched."""
+    generation's own prefill where the run is batched. ``force_own``: each result carries the logits
+    teacher-forced along its own answer instead (the fidelity reference, from the same prefill)."""
+    if forced is not None and force_own:
+        raise ValueError("give forced answers or force_own, not both")
     wanted = list(forced) if forced is not None else [None] * len(runs)
     if len(wanted) != len(runs):
         raise ValueError(f"{len(wanted)} forced answers for {len(runs)} runs: give one (or None) per run")
@@ -454,6 +458,7 @@ def run_examples(
             stop_strings=tuple(runs[i][1].stop_strings),
             prefix=runs[i][2],
             forced=wanted[i],
+            force_own=force_own,
         )
         for i in batched
     ]
@@ -462,7 +467,7 @@ def run_examples(
     for i, (generator, example, prefix) in enumerate(runs):
         if out[i] is None:
             result = run_example(generator, example, prefix)
-            answer = wanted[i]
+            answer = tuple(result.token_ids) if force_own else wanted[i]
             if answer is not None:
                 if not isinstance(generator, LazyLLM):
                     raise TypeError(f"a forced answer needs a LazyLLM engine, not {type(generator).__name__}")

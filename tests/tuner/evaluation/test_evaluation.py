@@ -97,6 +97,27 @@ def test_a_frozen_schedule_decodes_its_examples_together_with_the_answers_of_one
     ]
 
 
+def test_force_own_carries_the_logits_forced_along_each_runs_own_answer(
+    loaded: tuple[Any, Any], tmp_path: Path
+) -> None:
+    import torch
+
+    model, tokenizer = loaded
+    evaluator = Evaluator(model, tokenizer, config(max_new_tokens=6), tmp_path, progress=False)
+    pruned = Schedule.from_layers(tiny_path(model), 4, {1: 50})
+    frozen = make_method("lazyllm", model, tokenizer, pruned.with_revival("frozen"))
+    reviving = make_method("lazyllm", model, tokenizer, pruned.with_revival("dynamic"))
+    examples = evaluator.examples[:2]
+    runs = [(engine, ex, None) for engine in (frozen, reviving) for ex in examples]  # batched, then alone
+    results = runner.run_examples(runs, force_own=True)
+    for (engine, ex, _), result in zip(runs, results):
+        assert result.forced_logits is not None
+        expected = engine.forced_logits(torch.tensor(ex.input_ids), list(result.token_ids))
+        assert torch.allclose(result.forced_logits, expected, atol=1e-4)
+    with pytest.raises(ValueError, match="not both"):
+        runner.run_examples(runs, forced=[(1,)] * len(runs), force_own=True)
+
+
 def tiny_path(model: Any) -> str:
     return str(model.config.name_or_path)
 
