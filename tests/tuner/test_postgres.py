@@ -133,6 +133,28 @@ def _wait_for(url: str, pred: Callable[[dict[TrialState, int]], bool], timeout: 
     raise AssertionError("timed out waiting for the study")
 
 
+def _kill_mid_trial(victim: subprocess.Popen[bytes], url: str, timeout: float = 180) -> list[int]:
+    """SIGKILL ``victim`` while one of its trials runs with its heartbeat on record (Optuna cannot tell
+    a trial killed in the first milliseconds, before its first heartbeat, from a live one: a documented
+    limitation); the numbers of the trials it left running.
+
+    A tiny trial can finish between the poll that sees it running and the kill, so the worker is
+    first frozen (SIGSTOP: it changes nothing while stopped), the storage read again, and the kill sent
+    only if a trial is still running with a heartbeat; otherwise it goes on (SIGCONT) and we wait again.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _wait_for(url, lambda c: c[TrialState.RUNNING] >= 1 and _heartbeats(url) >= 1, deadline - time.monotonic())
+        victim.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)  # a statement the worker sent before it stopped lands on the server
+        running = [t.number for t in _trials(url) if t.state == TrialState.RUNNING]
+        if running and _heartbeats(url) >= 1:
+            victim.send_signal(signal.SIGKILL)  # kill -9, mid-trial
+            return running
+        victim.send_signal(signal.SIGCONT)
+    raise AssertionError("timed out waiting to kill the worker mid-trial")
+
+
 def test_three_workers_share_the_warm_starts(tiny_folder: Path, tmp_path: Path, pg_url: str) -> None:
     n = n_warm_starts()  # every queued warm start runs: no trial is left waiting
     assert main(_argv(tiny_folder, tmp_path, pg_url, n, "--n-workers", "3")) == 0
@@ -166,13 +188,10 @@ def test_killed_worker_trial_is_retried(tiny_folder: Path, tmp_path: Path, pg_ur
     )
     victim = _spawn(argv, tmp_path / "victim.log")
     try:
-        # mid-trial, once its heartbeat is on record (Optuna cannot tell a trial killed in the first
-        # milliseconds, before its first heartbeat, from a live one: a documented limitation)
-        _wait_for(pg_url, lambda c: c[TrialState.RUNNING] >= 1 and _heartbeats(pg_url) >= 1)
+        killed = _kill_mid_trial(victim, pg_url)
     finally:
-        victim.send_signal(signal.SIGKILL)  # kill -9, mid-trial
+        victim.kill()
         victim.wait(timeout=30)
-    killed = [t.number for t in _trials(pg_url) if t.state == TrialState.RUNNING]
     assert len(killed) == 1
     survivors = [_spawn(argv, tmp_path / f"survivor{i}.log") for i in range(2)]
     for i, p in enumerate(survivors):
