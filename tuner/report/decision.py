@@ -14,7 +14,7 @@ BOUND = {
     "past the scored KL": "the data",
     "over the budget": "the budget",
     "too few examples": "the data",
-    "more drift on fresh prompts": "the data",
+    "refused by the fresh check": "the data",
 }
 """Each case of :data:`tuner.stages.decision.Decided` -> what decided, in words."""
 
@@ -116,7 +116,7 @@ def fresh_sentence(d: Decision) -> str:
     return (
         f"The study re-measured its front's KL on {f.n_examples} prompts the search "
         f"never saw ({f.prompts}) for {len(f.kl)} schedule(s), fastest first, and judged each at the "
-        f"larger KL{ours}. "
+        f"larger KL with the slope's bound at --confidence{ours}. "
     )
 
 
@@ -173,13 +173,18 @@ def paragraph(d: Decision) -> str:
             f"largest KL scored on the task ({cal.max_scored_kl:.4f} nats), where the calibration is not "
             f"extrapolated ({prediction}). {done}"
         )
-    if d.decided == "more drift on fresh prompts":
-        f = d.fresh
-        assert f is not None
+    if d.decided == "refused by the fresh check":
+        f, seen = d.fresh, d.fresh_kl(nxt)
+        assert f is not None and seen is not None
+        drift = (
+            f"drifts more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats), where it is"
+            if seen > nxt.loss
+            else f"drifts no more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats); at its larger KL it is"
+        )
         return (
-            f"{what} {head}; the next faster schedule, {where}, passes at its validation KL but drifts "
-            f"more on the {f.n_examples} fresh prompts (KL {d.fresh_kl(nxt):.4f} nats), where it is "
-            f"{prediction}, over the {d.budget:g}-point budget. {done}"
+            f"{what} {head}; the next faster schedule, {where}, passes at its validation KL "
+            f"(--decision-level) but {drift} {prediction}, over the {d.budget:g}-point budget at the fresh "
+            f"check's --confidence. {done}"
         )
     if d.decided == "over the budget":
         return (

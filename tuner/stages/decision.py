@@ -8,9 +8,10 @@ that says it in words is :func:`tuner.report.decision.paragraph`).
   calibration has one, its predicted task loss.
 * **data**: its point estimate is within budget but the evidence cannot certify it; the decision holds
   how many validation examples would (:meth:`tuner.statistics.calibration.Calibration.examples_to_certify`).
-* **fresh prompts**: the next faster schedule passes at its validation KL but the study's
-  check on prompts the search never saw (:func:`tuner.stages.rule.pooled_rule`, step 5) found it
-  drifting more, over the budget there; the decision holds that KL and the prediction at it.
+* **fresh check**: the next faster schedule passes at its validation KL but not the study's
+  check on prompts the search never saw (:func:`tuner.stages.rule.pooled_rule`, step 5), which judges
+  it at the larger of its two KLs with the slope's bound at ``--confidence``; the decision holds that
+  KL and the prediction at it.
 * **time**: the recommendation is the fastest schedule the study completed; the decision holds
   how many trials fit the timeout at this model's measured cost per trial, and the ``--timeout`` that would
   fit ``--n-trials``.
@@ -138,7 +139,7 @@ Decided = Literal[
     "past the scored KL",  # the data: the next schedule is beyond what the calibration covers
     "over the budget",  # the budget: the next schedule is predicted over it
     "too few examples",  # the data: within budget as an estimate, not certified
-    "more drift on fresh prompts",  # the data: certified at its validation KL, not at its fresh one
+    "refused by the fresh check",  # the data: certified at its validation KL, not at the fresh check's
 ]
 
 
@@ -216,17 +217,23 @@ def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
         return replace(common, decided="not task-scored")
     kl = judged_kl(nxt)
     est, up = calibration.predicted(kl)
+    level = calibration.level
     need = calibration.examples_to_certify(kl, budget)
+    checked = fresh is not None and fresh.of(nxt.number) is not None
     decided: Decided
     if nxt.loss is not None and not outcome.search_loss.within(nxt.loss):
         decided = "over the cap"
     elif not calibration.covers(nxt.values[1]):
         decided = "past the scored KL"
-    elif kl > nxt.values[1]:  # measured only for a schedule that passed at its validation KL
-        decided = "more drift on fresh prompts"
+    elif checked:  # measured only for a schedule that passed at its validation KL
+        decided = "refused by the fresh check"
+        conf = calibration.upper_at_confidence(kl)
+        if conf is not None and calibration.confidence is not None and conf > up:
+            up, level = conf, calibration.confidence  # what the check judged at
+        need = calibration.examples_to_certify(kl, budget, at_confidence=level != calibration.level)
     elif need is None:
         decided = "over the budget"
     else:
         decided = "too few examples"
-    prediction = Prediction(est, up, calibration.level, no_cost=calibration.slope <= 0)
+    prediction = Prediction(est, up, level, no_cost=calibration.slope <= 0)
     return replace(common, decided=decided, prediction=prediction, examples_needed=need)

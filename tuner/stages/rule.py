@@ -19,11 +19,15 @@ and reads nothing but its arguments.
 4. **Pick**: the fastest front schedule with no drift, or whose predicted task-loss bound at ``level``
    is within the budget and whose KL is within the scored evidence (:meth:`Calibration.covers`).
 5. **Fresh drift** (given ``fresh``): a schedule that passes 4 is also judged at its KL on prompts the
-   search never saw (``fresh``, called fastest first until one passes), the larger of the two KLs. A
+   search never saw (``fresh``, called fastest first until one passes), the larger of the two KLs,
+   and there at the slope's bound at ``confidence`` (the user's level), not at ``level``. A
    search that ranks about 50 schedules on a few examples, which its calibration then reads them at,
    keeps the lucky draws: its front's validation KLs understate their drift. A KL measured elsewhere
-   carries no such selection. The slope is read at it as measured (coverage stays the validation
-   KL's: the prior's floor, fitted on open-QA KLs up to about 2 nats, is what extends it). The caller
+   carries no such selection, but its prompts are not the user's: the lower decision level is what
+   the power curve measured on a fixed grid, and that replay has neither the selection nor the shift
+   between prompt sets, so this step keeps the stated confidence. The slope is read at the KL as
+   measured (coverage stays the validation KL's: the prior's floor, fitted on open-QA KLs up to about
+   2 nats, is what extends it). The caller
    decides when it is worth it (:func:`tuner.stages.confirm.confirm_pooled`: when the search's
    examples are fewer than the check's prompts); the replay of a fixed grid cannot measure that
    selection, so the power curve does not gate it.
@@ -128,17 +132,20 @@ def judge(
     )
     if up <= budget.budget and not calibration.covers(kl):
         why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
-    at = judged_kl(kl, fresh_kl)
     if ok and fresh_kl is not None:
-        if at == kl:
-            why += f"; on prompts the search never saw it drifts no more (KL {fresh_kl:.4f} nats)"
-        else:
-            est, up = calibration.predicted(at)
-            ok = up <= budget.budget
-            why += (
-                f"; on prompts the search never saw it drifts more, KL {fresh_kl:.4f} nats: predicted "
-                f"task loss {est:.2f} (upper bound {up:.2f}) {'<=' if ok else '>'} budget {budget.budget:g}"
-            )
+        at = judged_kl(kl, fresh_kl)
+        est, up = calibration.predicted(at)
+        conf = calibration.upper_at_confidence(at)
+        bound = up if conf is None else max(up, conf)
+        ok = bound <= budget.budget
+        level = calibration.level if conf is None else calibration.confidence
+        assert level is not None
+        more = "no more" if at == kl else "more"
+        why += (
+            f"; on prompts the search never saw it drifts {more}, KL {fresh_kl:.4f} nats: at KL {at:.4f} "
+            f"predicted task loss {est:.2f} (upper bound at {level:.0%} {bound:.2f}) "
+            f"{'<=' if ok else '>'} budget {budget.budget:g}"
+        )
     return ok, why
 
 

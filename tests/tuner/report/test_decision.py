@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from tests.support import decision_outcome
-from tuner.report.decision import certainty_sentence, explain, fresh_sentence, power_sentence, timing_sentence
+from tuner.report.decision import (
+    certainty_sentence,
+    explain,
+    fresh_sentence,
+    paragraph,
+    power_sentence,
+    timing_sentence,
+)
 from tuner.stages.decision import TrialTiming, certainty
 from tuner.statistics.calibration import Calibration
 
@@ -151,9 +158,10 @@ def test_the_paragraph_says_how_many_examples_the_budget_needs_and_whether_the_p
 
 
 def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
-    """Step 5 of the rule: trial 2 passes at its validation KL 0.3 (bound 5 x 0.3 = 1.5 points) but
-    drifts 0.5 nats on the fresh prompts (2.5 points, over budget 2); the recommendation was checked
-    there too (0.12 nats), and its certainty is read at the larger KL."""
+    """Step 5 of the rule: trial 2 passes at its validation KL 0.3 (bound 5 x 0.3 = 1.5 points at the
+    decision level) but drifts 0.5 nats on the fresh prompts, where the check reads the bound at
+    --confidence (10 x 0.5 = 5 points, over budget 2); the recommendation was checked there too
+    (0.12 nats), and its certainty is read at the larger KL."""
     import dataclasses
 
     from tuner.stages.confirm import FreshCheck
@@ -168,23 +176,37 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
         outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=check)
     )
     d = decide(checked, TIMING)
-    assert d.decided == "more drift on fresh prompts" and d.fresh_kl(d.next_faster) == 0.5
-    assert d.prediction is not None and (d.prediction.estimate, d.prediction.upper) == (
+    assert d.decided == "refused by the fresh check" and d.fresh_kl(d.next_faster) == 0.5
+    assert d.prediction is not None and (d.prediction.estimate, d.prediction.upper, d.prediction.level) == (
         pytest.approx(2.0),
-        pytest.approx(2.5),
+        pytest.approx(5.0),
+        0.9,
     )
     assert d.certainty is not None and d.certainty.upper == pytest.approx(1.2)  # 10 x 0.12, not 10 x 0.1
     text = explain(checked, TIMING)
     assert text.startswith("What decided: the data.")
     assert (
-        "the next faster schedule, trial 2 (1.80x, 0.3000 nats), passes at its validation KL but drifts more "
-        "on the 24 fresh prompts (KL 0.5000 nats), where it is predicted to lose 2.00 score points (upper "
-        "bound 2.50, 60%), over the 2-point budget." in text
+        "the next faster schedule, trial 2 (1.80x, 0.3000 nats), passes at its validation KL (--decision-level) "
+        "but drifts more on the 24 fresh prompts (KL 0.5000 nats), where it is predicted to lose 2.00 score "
+        "points (upper bound 5.00, 90%), over the 2-point budget at the fresh check's --confidence." in text
     )
     assert (
         "The study re-measured its front's KL on 24 prompts the search never saw "
         "(open-QA validation (12 per dataset, 1024 tokens)) for 2 schedule(s), fastest first, and judged each "
-        "at the larger KL; the recommendation's is 0.1200 nats (on validation 0.1000). " in text
+        "at the larger KL with the slope's bound at --confidence; the recommendation's is 0.1200 nats (on "
+        "validation 0.1000). " in text
+    )
+    # drifting no more on the fresh prompts, trial 2 is still judged at --confidence: 10 x 0.3 = 3 > 2
+    calm = FreshCheck("open-QA validation (12 per dataset, 1024 tokens)", 24, ((2, 0.25), (1, 0.12)))
+    d = decide(
+        dataclasses.replace(outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=calm)),
+        TIMING,
+    )
+    assert d.decided == "refused by the fresh check" and d.prediction is not None
+    assert (d.prediction.upper, d.prediction.level) == (pytest.approx(3.0), 0.9)
+    assert (
+        "drifts no more on the 24 fresh prompts (KL 0.2500 nats); at its larger KL it is predicted"
+        in paragraph(d)
     )
     skipped = dataclasses.replace(
         check, prompts="no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR", n_examples=0, kl=()

@@ -123,6 +123,35 @@ def test_the_fresh_check_does_not_wait_for_the_power_curve() -> None:
     assert asked == [1] and decision.picked.number == 0  # type: ignore[union-attr]  # ... at the fresh KL
 
 
+def test_the_fresh_check_judges_at_the_users_confidence_not_the_decision_level() -> None:
+    """The decision level (0.6) is what the power curve measured on a fixed grid; step 5 covers what
+    that replay cannot see, so it reads the slope's bound at --confidence (0.9), even where the fresh
+    prompts drift no more than validation."""
+    from tuner.statistics.prior import PowerPoint, SlopePrior
+
+    prior = SlopePrior(
+        model="m", task="openqa", max_prompt_tokens=1024, n_examples=300, schedules=("a",),
+        slope=40.0, bounds=((0.6, 40.0), (0.9, 200.0)), source="r.jsonl", source_sha256="ab" * 32,
+        created="2026-12-02", power=(PowerPoint(2.0, 100, 0.05, 0.9, 100),),
+    )  # fmt: skip
+    # without the check trial 1 passes at the decision level: 40 x 0.02 = 0.8 points
+    decision = rule.pooled_rule(
+        RECORDS, FidelityLoss(1.0), ScoreLoss(2.0), 6, WEIGHTS, _evidence, level=0.6, confidence=0.9,
+        prior=prior,
+    )  # fmt: skip
+    assert decision.picked is not None and decision.picked.number == 1
+    # with it, the bound at 90% is 200 x 0.019 = 3.8 points: refused, though it drifts less elsewhere
+    decision, asked = _fresh_decide(2.0, {1: 0.01}, prior)
+    assert asked == [1] and decision.picked is not None and decision.picked.number == 0
+    assert (
+        "drifts no more" in decision.verdicts[1].why
+        and "(upper bound at 90% 3.80) > budget 2" in decision.verdicts[1].why
+    )
+    # at budget 5 it passes there too
+    decision, _ = _fresh_decide(5.0, {1: 0.01, 2: 0.3}, prior)
+    assert decision.picked is not None and decision.picked.number == 1
+
+
 def _grid(bench: ModuleType) -> list[object]:
     out = []
     for r in RECORDS:
