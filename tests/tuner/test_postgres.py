@@ -144,7 +144,9 @@ def _kill_mid_trial(victim: subprocess.Popen[bytes], url: str, timeout: float = 
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        _wait_for(url, lambda c: c[TrialState.RUNNING] >= 1 and _heartbeats(url) >= 1, deadline - time.monotonic())
+        _wait_for(
+            url, lambda c: c[TrialState.RUNNING] >= 1 and _heartbeats(url) >= 1, deadline - time.monotonic()
+        )
         victim.send_signal(signal.SIGSTOP)
         time.sleep(0.5)  # a statement the worker sent before it stopped lands on the server
         running = [t.number for t in _trials(url) if t.state == TrialState.RUNNING]
