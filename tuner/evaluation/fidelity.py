@@ -47,9 +47,30 @@ from tuner.evaluation.integrity import announce_rebuild, tensors_digest
 from tuner.evaluation.runner import ExampleResult, chunks, result_of, run_examples
 
 DEFAULT_TOP_K = 64
-# unpruned prefills kept per evaluator so trials start at their first pruning layer; past this many
-# bytes (each kept prefill holds every layer of one prompt; see docs/ for a measured size) the rest run in full
-PREFIX_CACHE_BYTES = 2 * 1024**3
+PREFIX_MEMORY_SHARE = 0.4
+"""Unpruned prefills are kept per evaluator so trials start at their first pruning layer; by default
+an evaluator keeps them within this share of the memory free on the model's device when it captures
+its first one (each holds every layer of one prompt: about 120 MB for SmolLM2 at 1024 tokens), and
+the rest run in full. A fixed 2 GiB held 17 of a search's 80 open-QA prompts, so most of each
+trial's prefills ran from layer 0."""
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Bytes free on ``device``: ``torch.cuda.mem_get_info`` on CUDA, ``MemAvailable`` elsewhere (0
+    where it cannot be read: nothing is kept)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 RESUMES_PER_CAPTURE = 3
 """Passes that must resume from a prompt prefix before :meth:`FidelityEvaluator.score_together`
 captures one that is not cached: capturing costs about one unpruned prefill, and a resumed pass saves
@@ -238,6 +259,10 @@ class FidelityEvaluator:
         evaluator: holds the model, tokenizer, examples and the baseline cache (answer ids).
         top_k: unpruned tokens kept per step for the KL.
         gold: also measure the change in gold-answer log-likelihood (a second pass per example).
+        prefix_bytes: the memory its kept prefills may hold (None: ``prefix_share`` of the memory free
+            on the model's device when the first is captured, so an evaluator built after another
+            filled its own sees what is left).
+        prefix_share: that share (a study with local workers divides it among them).
     """
 
     def __init__(
@@ -246,14 +271,22 @@ class FidelityEvaluator:
         *,
         top_k: int = DEFAULT_TOP_K,
         gold: bool = False,
-        prefix_bytes: int = PREFIX_CACHE_BYTES,
+        prefix_bytes: int | None = None,
+        prefix_share: float = PREFIX_MEMORY_SHARE,
     ) -> None:
         if top_k < 1:
             raise ValueError(f"fidelity top_k = {top_k}: must be >= 1")
+        if prefix_bytes is not None and prefix_bytes < 0:
+            raise ValueError(
+                f"prefix_bytes = {prefix_bytes}: must be >= 0 (or None for a share of free memory)"
+            )
+        if not 0 <= prefix_share <= 1:
+            raise ValueError(f"prefix_share = {prefix_share}: must be in [0, 1]")
         self.evaluator = evaluator
         self.top_k = top_k
         self.gold = gold
-        self.prefix_bytes = prefix_bytes
+        self._prefix_bytes = prefix_bytes
+        self.prefix_share = prefix_share
         self.prefixes: dict[str, PromptPrefix | None] = {}  # None: over the memory cap, run in full
         base = evaluator.cache.path
         stem = base.name.removeprefix("baseline-").removesuffix(".json")
@@ -342,6 +375,14 @@ class FidelityEvaluator:
             and (ref.topk_ids.numel() == 0 or int(ref.topk_ids.max()) < vocab)
             and ref.topk_ids.shape[1] == min(self.top_k, vocab)
         )
+
+    @property
+    def prefix_bytes(self) -> int:
+        """The memory the kept prefills may hold (fixed on first use when given as a share)."""
+        if self._prefix_bytes is None:
+            device = next(self.evaluator.model.parameters()).device
+            self._prefix_bytes = int(self.prefix_share * free_memory_bytes(device))
+        return self._prefix_bytes
 
     def prefix(self, example: Any) -> PromptPrefix | None:
         """The unpruned prefill of ``example``'s prompt (captured once, while within ``prefix_bytes``)."""

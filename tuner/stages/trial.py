@@ -31,7 +31,7 @@ import lazyllm
 from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.schedule import Schedule
-from tuner.evaluation.fidelity import FidelityEvaluator
+from tuner.evaluation.fidelity import PREFIX_MEMORY_SHARE, FidelityEvaluator
 from tuner.evaluation.runner import Evaluator
 from tuner.evaluation.speed import (
     SpeedMeasurement,
@@ -46,6 +46,12 @@ from tuner.study.records import TrialRecord, schedule_key
 from tuner.study.settings import EvalSettings, SearchSettings
 from tuner.study.spaces import SearchSpace
 from tuner.study.workers import DUPLICATE_ATTR, DuplicateSchedule, SurplusTrial, is_surplus
+
+
+def prefix_share(settings: SearchSettings) -> float:
+    """The share of free memory each evaluator of one worker may keep prefills in: the local workers
+    start together and would each see all of it."""
+    return PREFIX_MEMORY_SHARE / settings.n_workers
 
 
 def fresh_draw(space: SearchSpace, num_layers: int, study_seed: int, trial_number: int) -> dict[str, Any]:
@@ -83,7 +89,12 @@ class TrialRunner:
         """A runner on ``evaluator``'s examples with their baseline computed (or read): for a fidelity
         search together with the fidelity reference, from one unpruned prefill per example
         (:meth:`FidelityEvaluator.references`), and only then read as the baseline."""
-        fidelity = FidelityEvaluator(evaluator, top_k=settings.fidelity_top_k, gold=settings.fidelity_gold)
+        fidelity = FidelityEvaluator(
+            evaluator,
+            top_k=settings.fidelity_top_k,
+            gold=settings.fidelity_gold,
+            prefix_share=prefix_share(settings),
+        )
         if budget.search.kind == "fidelity":
             fidelity.references()
         stats = BaselineStats.of(evaluator.baseline_results())
@@ -102,7 +113,10 @@ class TrialRunner:
             shared_fidelity
             if shared_fidelity is not None and shared_fidelity.evaluator is self.evaluator
             else FidelityEvaluator(
-                self.evaluator, top_k=self.settings.fidelity_top_k, gold=self.settings.fidelity_gold
+                self.evaluator,
+                top_k=self.settings.fidelity_top_k,
+                gold=self.settings.fidelity_gold,
+                prefix_share=prefix_share(self.settings),
             )
         )
         self.baseline_engine = self.engine(Schedule.keep_all(self.settings.model, self.num_layers))

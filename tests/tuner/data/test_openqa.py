@@ -443,10 +443,12 @@ def test_openqa_preset_is_valid_settings() -> None:
     search = resolve_settings("openqa", {}, SearchSettings)
     assert (search.task, search.n_examples, search.max_prompt_tokens, search.heldout) == (
         "openqa",
-        40,
+        12,
         1024,
         True,
     )
+    # the calibration has the power the power curve asks for (>= 200 task-scored examples)
+    assert search.confirm_n_examples is not None and 2 * search.confirm_n_examples >= 200
     assert (
         resolve_settings("openqa", {"methods": "baseline"}, EvaluateSettings).task == "openqa"
     )  # the same examples to both

@@ -108,6 +108,39 @@ def test_fidelity_evaluator_keeps_prefixes_within_its_memory_cap(tiny_folder: Pa
     assert sum(p is not None for p in capped.prefixes.values()) == 1  # the rest ran in full
 
 
+def test_by_default_prefixes_are_kept_within_a_share_of_free_memory(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    """No fixed cap: the share of the memory free when the first prefix is captured (so a study's
+    evaluators built later see what earlier ones left); a share of 0 keeps none, and bad caps are refused."""
+    from tuner.evaluation.fidelity import PREFIX_MEMORY_SHARE, free_memory_bytes
+    from tuner.stages.trial import prefix_share
+    from tuner.study.settings import SearchSettings
+
+    model, tokenizer = load_model(str(tiny_folder))
+    cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=2, max_prompt_tokens=64,
+                       max_new_tokens=4, data_dir=longbench_dir())  # fmt: skip
+    ev = Evaluator(model, tokenizer, cfg, tmp_path / "cache", progress=False)
+    free = free_memory_bytes(torch.device("cpu"))
+    assert free > 2 * 1024**3  # this machine's MemAvailable, read from /proc/meminfo
+    fid = FidelityEvaluator(ev)
+    assert fid.prefix_bytes == pytest.approx(PREFIX_MEMORY_SHARE * free, rel=0.2)
+    layers = model.config.num_hidden_layers
+    pruned = LazyLLM(
+        model, Schedule.from_layers(model.config.name_or_path, layers, {1: 50}), strict_model_name=False
+    )
+    fid.evaluate(pruned)
+    assert all(p is not None for p in fid.prefixes.values()) and len(fid.prefixes) == len(ev.examples)
+    none = FidelityEvaluator(ev, prefix_share=0.0)
+    none.evaluate(pruned)
+    assert none.prefix_bytes == 0 and all(p is None for p in none.prefixes.values())
+    assert prefix_share(SearchSettings(n_workers=4)) == pytest.approx(PREFIX_MEMORY_SHARE / 4)
+    with pytest.raises(ValueError, match="prefix_bytes = -1: must be >= 0"):
+        FidelityEvaluator(ev, prefix_bytes=-1)
+    with pytest.raises(ValueError, match=r"prefix_share = 1.5: must be in \[0, 1\]"):
+        FidelityEvaluator(ev, prefix_share=1.5)
+
+
 def test_schedules_scored_together_equal_each_scored_alone(tiny_folder: Path, tmp_path: Path) -> None:
     """score_together goes example by example from each prompt's prefix: every engine's answers and
     KLs are those of evaluating it alone, and a prefix the cache did not hold is not kept."""
