@@ -27,8 +27,9 @@ the next input taken from the given answer instead of the argmax.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,6 +253,10 @@ def _read(path: Path, identity: str) -> dict[str, Reference]:
     return {k: Reference(**{f: raw[f"{k}::{f}"] for f in _FIELDS}) for k in keys}
 
 
+def _prefix_in(prefixes: Mapping[str, PromptPrefix | None], example: Any) -> PromptPrefix | None:
+    return prefixes[example.key]
+
+
 class FidelityEvaluator:
     """Teacher-forced drift of pruned engines on an :class:`~tuner.evaluation.runner.Evaluator`'s examples.
 
@@ -310,11 +315,18 @@ class FidelityEvaluator:
         """The unpruned side per example key (computed once, then read from the cache). Examples with
         neither a baseline answer nor a reference get both from one unpruned prefill
         (:meth:`_unpruned_together`); the others are forced along their cached baseline answer."""
-        self._unpruned_together()
-        base = self.evaluator.baseline()
+        return self._references_of(self.evaluator.examples, self.prefix, progress=self.evaluator.progress)
+
+    def _references_of(
+        self, examples: Sequence[Any], prefix_of: Callable[[Any], PromptPrefix | None], *, progress: bool
+    ) -> dict[str, Reference]:
+        """:meth:`references` of ``examples``, each prompt's unpruned prefill from ``prefix_of`` (None:
+        captured for the pass that needs it)."""
+        self._unpruned_together(examples, prefix_of, progress=progress)
+        base = self.evaluator.baseline(examples)
         stale = [
             ex.key
-            for ex in self.evaluator.examples
+            for ex in examples
             if ex.key in self.cache.entries
             and not self._matches(self.cache.entries[ex.key], base[ex.key], ex)
         ]
@@ -324,32 +336,31 @@ class FidelityEvaluator:
             )
             for key in stale:
                 del self.cache.entries[key]
-        missing = [ex for ex in self.evaluator.examples if ex.key not in self.cache.entries]
-        for ex in tqdm(
-            missing, desc="fidelity reference", disable=not self.evaluator.progress or not missing
-        ):
+        missing = [ex for ex in examples if ex.key not in self.cache.entries]
+        for ex in tqdm(missing, desc="fidelity reference", disable=not progress or not missing):
             answer = list(base[ex.key].token_ids)
-            prefix = self.prefix(ex)  # captured here once: the trials start from it too
+            prefix = prefix_of(ex)  # captured here once: the trials start from it too
             logits = forced_logits(self.keep_all, ex.input_ids, answer, prefix)
             gold = self.gold_ids(ex)
             gold_logits = forced_logits(self.keep_all, ex.input_ids, gold, prefix) if gold else None
             self.cache.entries[ex.key] = reference_from_logits(answer, logits, self.top_k, gold, gold_logits)
             self.cache.save()
-        return {ex.key: self.cache.entries[ex.key] for ex in self.evaluator.examples}
+        return {ex.key: self.cache.entries[ex.key] for ex in examples}
 
-    def _unpruned_together(self) -> None:
-        """Baseline answers and references of the examples that lack both: per example the unpruned
-        prefix is captured once (kept while within ``prefix_bytes``), the baseline's answer resumes
-        from it (its last layer, then decoding, batched across examples) and is teacher-forced from
-        that same prefill: one unpruned prefill instead of three, the same answers and logits."""
+    def _unpruned_together(
+        self, examples: Sequence[Any], prefix_of: Callable[[Any], PromptPrefix | None], *, progress: bool
+    ) -> None:
+        """Baseline answers and references of the ``examples`` that lack both: per example the
+        unpruned prefix (``prefix_of``, else captured for this pass) is computed once, the baseline's
+        answer resumes from it (its last layer, then decoding, batched across examples) and is
+        teacher-forced from that same prefill: one unpruned prefill instead of three, the same answers
+        and logits."""
         ev = self.evaluator
-        todo = [
-            ex for ex in ev.examples if ex.key not in ev.cache.entries and ex.key not in self.cache.entries
-        ]
-        with tqdm(total=len(todo), desc="baseline and reference", disable=not ev.progress or not todo) as bar:
+        todo = [ex for ex in examples if ex.key not in ev.cache.entries and ex.key not in self.cache.entries]
+        with tqdm(total=len(todo), desc="baseline and reference", disable=not progress or not todo) as bar:
             for chunk in chunks(todo, DEFAULT_BATCH_SIZE):
                 prefixes = [
-                    self.prefix(ex) or self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids))
+                    prefix_of(ex) or self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids))
                     for ex in chunk
                 ]
                 runs = [(self.keep_all, ex, prefix) for ex, prefix in zip(chunk, prefixes)]
@@ -365,6 +376,16 @@ class FidelityEvaluator:
                 ev.cache.save()
                 self.cache.save()
                 bar.update(len(chunk))
+
+    def _baselines_of(self, examples: Sequence[Any], prefix_of: Callable[[Any], PromptPrefix | None]) -> None:
+        """The baseline answers ``examples`` lack, resumed from their unpruned prefills (``prefix_of``;
+        None: the whole prefill) and decoded together: the same answers as :meth:`Evaluator.baseline`."""
+        ev = self.evaluator
+        todo = [ex for ex in examples if ex.key not in ev.cache.entries]
+        if todo:
+            for ex, result in zip(todo, run_examples([(self.keep_all, ex, prefix_of(ex)) for ex in todo])):
+                ev.record_baseline(ex, result)
+            ev.cache.save()
 
     def _matches(self, ref: Reference, entry: Any, example: Any) -> bool:
         """``ref`` was forced along ``entry``'s answer (and ``example``'s gold answer, if measured)."""
@@ -428,34 +449,71 @@ class FidelityEvaluator:
     def score_together(
         self, engines: Mapping[int, LazyLLM], *, kl: bool, desc: str = "task score"
     ) -> dict[int, tuple[list[ExampleResult], list[ExampleDrift]]]:
-        """Every engine's task-scored answers and, with ``kl``, its drift, example by example: each
-        prompt's unpruned prefix is taken from the cache or captured, and every engine's prefill
-        (answer and teacher-forced pass) resumes from it: the same answers and KLs as one engine at a
-        time without it. A prefix captured here is dropped after its example, so memory holds one; it
-        is captured only where at least :data:`RESUMES_PER_CAPTURE` passes resume from it (a capture
-        costs about one unpruned prefill, a resumed pass saves the layers before its first prune).
-        The results' TTFTs leave out the prefix's layers: no timing (:mod:`tuner.evaluation.speed` times).
+        """Every engine's task-scored answers and, with ``kl``, its drift, a chunk of examples at a
+        time. Each prompt's unpruned prefix is taken from the cache or captured; what the study lacks
+        of the unpruned side (the baseline answer, and with ``kl`` the reference) is computed from it;
+        every engine's prefill (answer and teacher-forced pass) resumes from it, and the chunk's
+        answers of every engine decode together: the same answers and KLs as one engine and one
+        example at a time, with one unpruned prefill per example for everything. Prefixes captured
+        here are dropped after their chunk, whose size keeps them within ``prefix_bytes`` (one at
+        least); a prefix is captured only where the unpruned side is missing or at least
+        :data:`RESUMES_PER_CAPTURE` passes resume from it (a capture costs about one unpruned prefill,
+        a resumed pass saves the layers before its first prune). The results' TTFTs leave out the
+        prefix's layers: no timing (:mod:`tuner.evaluation.speed` times).
         """
-        refs = self.references() if kl else {}
-        capture = len(engines) * (2 if kl else 1) >= RESUMES_PER_CAPTURE
+        ev = self.evaluator
+        worth = len(engines) * (2 if kl else 1) >= RESUMES_PER_CAPTURE
         out: dict[int, tuple[list[ExampleResult], list[ExampleDrift]]] = {n: ([], []) for n in engines}
-        bar = tqdm(self.evaluator.examples, desc=desc, disable=not self.evaluator.progress, leave=False)
-        for ex in bar:
-            prefix = self.prefixes.get(ex.key)
-            if prefix is None and capture:
-                prefix = self.keep_all.capture_prefix(torch.as_tensor(ex.input_ids))
-            # the engines' answers to this prompt decode together where their decoding is frozen,
-            # each teacher-forced along the unpruned answer from its generation's own prefill
-            along = tuple(refs[ex.key].answer_ids.tolist()) if kl else None
-            answers = run_examples(
-                [(engine, ex, prefix) for engine in engines.values()], forced=[along] * len(engines)
-            )
-            for (number, engine), answer in zip(engines.items(), answers):
-                results, drifts = out[number]
-                results.append(result_of("lazyllm", ex, answer))
+        examples = list(ev.examples)
+        with tqdm(total=len(examples), desc=desc, disable=not ev.progress, leave=False) as bar:
+            done, size = 0, 1  # the first chunk measures a prefix's size
+            while done < len(examples):
+                chunk = examples[done : done + size]
+                prefixes = {ex.key: self._chunk_prefix(ex, worth, kl) for ex in chunk}
+                size = self._chunk_size(prefixes.values())
+                prefix_of = functools.partial(_prefix_in, prefixes)
+                refs: dict[str, Reference] = {}
                 if kl:
-                    drifts.append(self.drift_from(engine, ex, refs[ex.key], prefix, answer.forced_logits))
+                    refs = self._references_of(chunk, prefix_of, progress=False)
+                else:
+                    self._baselines_of(chunk, prefix_of)
+                runs = [(engine, ex, prefixes[ex.key]) for ex in chunk for engine in engines.values()]
+                along = (
+                    [tuple(refs[ex.key].answer_ids.tolist()) for ex in chunk for _ in engines] if kl else None
+                )
+                answers = iter(run_examples(runs, forced=along, batch_size=max(len(runs), 1)))
+                for ex in chunk:
+                    for (number, engine), answer in zip(engines.items(), answers):
+                        results, drifts = out[number]
+                        results.append(result_of("lazyllm", ex, answer))
+                        if kl:
+                            drift = self.drift_from(
+                                engine, ex, refs[ex.key], prefixes[ex.key], answer.forced_logits
+                            )
+                            drifts.append(drift)
+                done += len(chunk)
+                bar.update(len(chunk))
         return out
+
+    def _chunk_prefix(self, example: Any, worth: bool, kl: bool) -> PromptPrefix | None:
+        """The unpruned prefix :meth:`score_together` resumes ``example`` from: the kept one, else one
+        captured for its chunk where it pays (the unpruned side is missing, or ``worth``)."""
+        kept = self.prefixes.get(example.key)
+        if kept is not None:
+            return kept
+        missing = example.key not in self.evaluator.cache.entries or (
+            kl and example.key not in self.cache.entries
+        )
+        return self.keep_all.capture_prefix(torch.as_tensor(example.input_ids)) if missing or worth else None
+
+    def _chunk_size(self, prefixes: Iterable[PromptPrefix | None]) -> int:
+        """Examples per chunk of :meth:`score_together`: as many prefixes as fit in ``prefix_bytes``
+        beside the kept ones (one at least, at most a decoding batch)."""
+        sizes = [p.nbytes for p in prefixes if p is not None]
+        if not sizes:
+            return DEFAULT_BATCH_SIZE
+        used = sum(p.nbytes for p in self.prefixes.values() if p is not None)
+        return max(1, min(DEFAULT_BATCH_SIZE, (self.prefix_bytes - used) // max(sizes)))
 
     def evaluate(
         self,

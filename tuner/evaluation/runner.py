@@ -535,9 +535,11 @@ class Evaluator:
         }
         self.cache = BaselineCache.open(Path(cache_dir), fingerprint)
 
-    def baseline(self) -> dict[str, BaselineEntry]:
-        """Unpruned prediction, score and timings per example key (computed once, then from the cache)."""
-        missing = [ex for ex in self.examples if ex.key not in self.cache.entries]
+    def baseline(self, examples: Sequence[Example] | None = None) -> dict[str, BaselineEntry]:
+        """Unpruned prediction, score and timings per example key of ``examples`` (default: all),
+        computed once, then read from the cache."""
+        wanted = list(self.examples if examples is None else examples)
+        missing = [ex for ex in wanted if ex.key not in self.cache.entries]
         # a context: a Ctrl-C closes the bar before the command prints its last line
         with tqdm(total=len(missing), desc="baseline", disable=not self.progress or not missing) as bar:
             for chunk in chunks(missing, DEFAULT_BATCH_SIZE):  # decoded together, saved per chunk
@@ -546,7 +548,7 @@ class Evaluator:
                     self.record_baseline(ex, result)
                 self.cache.save()
                 bar.update(len(chunk))
-        return {ex.key: self.cache.entries[ex.key] for ex in self.examples}
+        return {ex.key: self.cache.entries[ex.key] for ex in wanted}
 
     def record_baseline(self, example: Example, result: GenerationResult) -> None:
         """Store the unpruned model's generation on ``example`` in the cache (saved by the caller)."""

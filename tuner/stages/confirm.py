@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 from tuner.data.longbench import OPENQA_DATASETS
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
-from tuner.stages.rule import judged_kl, pooled_rule
+from tuner.stages.rule import judged_kl, pooled_rule, to_score
 from tuner.stages.trial import TrialRunner
 from tuner.statistics.bootstrap import Estimate, weighted_mean
 from tuner.statistics.calibration import Calibration, ScoredSchedule
@@ -276,17 +276,29 @@ def confirm_pooled(
     or ``--confirm-n-examples`` per dataset of them: then each scored schedule's KL is measured there
     too), and report every front schedule it judged (the pick confirmed, the others scored as evidence)."""
     level = runner.settings.confidence
-    on = runner.on(runner.settings.evidence_settings("confirm"))
+    config = runner.settings.evidence_settings("confirm")
+    # the rule's schedules are scored first, in one pass with the unpruned side (baseline answers and
+    # references) the calibration's examples lack: one unpruned prefill per example for everything,
+    # every schedule resuming from it, a chunk of examples decoded together
+    chosen = to_score(records, runner.search_loss, k)
+    fid = runner.fidelity_on(config)
+    own = fid is runner.fidelity  # the search's examples: the records hold their KLs
+    scored = (
+        fid.score_together(
+            {r.number: runner.engine(r.schedule) for r in chosen},
+            kl=not own,
+            desc=f"task score of {len(chosen)} schedules",
+        )
+        if chosen
+        else {}
+    )
+    on = runner.on(config, fid)
     direct: dict[int, Estimate] = {}
     base = {(b.dataset, b.record_id): b.score for b in on.baseline.results}
 
-    def evidence(chosen: Sequence[TrialRecord]) -> list[ScoredSchedule]:
-        # example by example: each prompt's unpruned prefix is captured once and every chosen
-        # schedule resumes from it (the same answers and KLs, without the layers before each one prunes)
-        engines = {r.number: on.engine(r.schedule) for r in chosen}
-        scored = on.fidelity.score_together(
-            engines, kl=on is not runner, desc=f"task score of {len(chosen)} schedules"
-        )
+    def evidence(asked: Sequence[TrialRecord]) -> list[ScoredSchedule]:
+        if [r.number for r in asked] != [r.number for r in chosen]:
+            raise ValueError("the rule asked for other schedules than tuner.stages.rule.to_score chose")
         out = []
         for r in chosen:
             results, drifts = scored[r.number]
@@ -295,7 +307,7 @@ def confirm_pooled(
                 f"{x.dataset}/{x.record_id}": 100.0 * (base[(x.dataset, x.record_id)] - x.score)
                 for x in results
             }
-            kl = r.per_example if on is runner else {f"{d.dataset}/{d.record_id}": d.kl for d in drifts}
+            kl = r.per_example if own else {f"{d.dataset}/{d.record_id}": d.kl for d in drifts}
             out.append(ScoredSchedule(r.number, kl, task))
         return out
 

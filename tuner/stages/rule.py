@@ -67,6 +67,14 @@ def spread(front: Sequence[T], k: int) -> list[T]:
     return [front[i] for i in picks]
 
 
+def to_score(records: Sequence[TrialRecord], search_loss: Loss, k: int) -> list[TrialRecord]:
+    """The records :func:`pooled_rule` task-scores (step 2): up to ``k`` drifting schedules of the
+    feasible front, spread over it, fastest first. A caller may score them before the rule runs
+    (its evidence then hands the results over), so their passes share the unpruned side."""
+    front = feasible_front(records, search_loss)
+    return spread([r for r in front if r.loss is not None and r.loss.value > 0], k)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The rule's judgement of one front record.
@@ -183,8 +191,7 @@ def pooled_rule(
             pass on their own KL, fastest first, until one passes.
     """
     front = feasible_front(records, search_loss)
-    drifting = [r for r in front if r.loss is not None and r.loss.value > 0]
-    chosen = spread(drifting, k)
+    chosen = to_score(records, search_loss, k)
     scored = tuple(evidence(chosen))
     if [s.trial for s in scored] != [r.number for r in chosen]:
         raise ValueError("the evidence must score exactly the records it is given, in their order")

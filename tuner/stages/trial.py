@@ -54,6 +54,16 @@ def prefix_share(settings: SearchSettings) -> float:
     return PREFIX_MEMORY_SHARE / settings.n_workers
 
 
+def fidelity_of(settings: SearchSettings, evaluator: Evaluator) -> FidelityEvaluator:
+    """The study's fidelity evaluator on ``evaluator``'s examples."""
+    return FidelityEvaluator(
+        evaluator,
+        top_k=settings.fidelity_top_k,
+        gold=settings.fidelity_gold,
+        prefix_share=prefix_share(settings),
+    )
+
+
 def fresh_draw(space: SearchSpace, num_layers: int, study_seed: int, trial_number: int) -> dict[str, Any]:
     """Random parameters of ``space`` to queue in place of a refused duplicate: reproducible from the
     study's seed and the trial number, and different between seeds (seeded by the trial number alone,
@@ -84,17 +94,14 @@ class TrialRunner:
     @classmethod
     def build(
         cls, settings: SearchSettings, model: Any, tokenizer: Any, evaluator: Evaluator, space: SearchSpace,
-        budget: Budget,
+        budget: Budget, fidelity: FidelityEvaluator | None = None,
     ) -> TrialRunner:  # fmt: skip
         """A runner on ``evaluator``'s examples with their baseline computed (or read): for a fidelity
         search together with the fidelity reference, from one unpruned prefill per example
-        (:meth:`FidelityEvaluator.references`), and only then read as the baseline."""
-        fidelity = FidelityEvaluator(
-            evaluator,
-            top_k=settings.fidelity_top_k,
-            gold=settings.fidelity_gold,
-            prefix_share=prefix_share(settings),
-        )
+        (:meth:`FidelityEvaluator.references`), and only then read as the baseline. ``fidelity``: the
+        study's fidelity evaluator on ``evaluator`` (built here when None)."""
+        if fidelity is None or fidelity.evaluator is not evaluator:
+            fidelity = fidelity_of(settings, evaluator)
         if budget.search.kind == "fidelity":
             fidelity.references()
         stats = BaselineStats.of(evaluator.baseline_results())
@@ -112,12 +119,7 @@ class TrialRunner:
         self.fidelity = (
             shared_fidelity
             if shared_fidelity is not None and shared_fidelity.evaluator is self.evaluator
-            else FidelityEvaluator(
-                self.evaluator,
-                top_k=self.settings.fidelity_top_k,
-                gold=self.settings.fidelity_gold,
-                prefix_share=prefix_share(self.settings),
-            )
+            else fidelity_of(self.settings, self.evaluator)
         )
         self.baseline_engine = self.engine(Schedule.keep_all(self.settings.model, self.num_layers))
 
@@ -147,11 +149,24 @@ class TrialRunner:
             self.settings, self.model, self.tokenizer, evaluator, self.space, self.baseline, self.budget
         )
 
-    def on(self, config: EvalSettings) -> TrialRunner:
+    def on(self, config: EvalSettings, fidelity: FidelityEvaluator | None = None) -> TrialRunner:
         """The same study on the examples ``config`` names, with their own baseline (computed once,
-        then read from the study's cache); itself when ``config`` names the search's examples."""
+        then read from the study's cache); itself when ``config`` names the search's examples.
+        ``fidelity``: :meth:`fidelity_on` ``config``, when its caches were already filled."""
         if config == self.evaluator.config.eval_only():
             return self
+        fid = fidelity if fidelity is not None else self.fidelity_on(config)
+        return TrialRunner.build(
+            self.settings, self.model, self.tokenizer, fid.evaluator, self.space, self.budget, fid
+        )
+
+    def fidelity_on(self, config: EvalSettings) -> FidelityEvaluator:
+        """The study's fidelity evaluator on the examples ``config`` names, nothing computed yet (the
+        runner's own when ``config`` names the search's examples): what scores schedules there
+        together with the unpruned side (:meth:`FidelityEvaluator.score_together`) before
+        :meth:`on` reads that side from the caches."""
+        if config == self.evaluator.config.eval_only():
+            return self.fidelity
         evaluator = Evaluator(
             self.model,
             self.tokenizer,
@@ -159,9 +174,7 @@ class TrialRunner:
             self.settings.study_dir / "cache",
             progress=self.evaluator.progress,
         )
-        return TrialRunner.build(
-            self.settings, self.model, self.tokenizer, evaluator, self.space, self.budget
-        )
+        return fidelity_of(self.settings, evaluator)
 
     # --- the objective, as named steps ------------------------------------------------------------
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:

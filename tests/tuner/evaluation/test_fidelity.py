@@ -171,6 +171,63 @@ def test_schedules_scored_together_equal_each_scored_alone(tiny_folder: Path, tm
     assert fid.score_together(engines, kl=False)[7][1] == []  # no KL asked, none computed
 
 
+@pytest.mark.parametrize("kl", [True, False])
+def test_scoring_on_new_examples_takes_one_unpruned_prefill_per_example_for_everything(
+    tiny_folder: Path, tmp_path: Path, kl: bool
+) -> None:
+    """score_together on examples the study has no baseline for (the calibration's, the test split's)
+    computes the baseline (and with ``kl`` the reference) from the same captured prefix the engines
+    resume from: one capture per example, no other unpruned prefill, and the same baseline answers,
+    task scores and KLs as computing each apart."""
+    model, tokenizer = load_model(str(tiny_folder))
+    cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=4, max_prompt_tokens=64,
+                       max_new_tokens=5, data_dir=longbench_dir())  # fmt: skip
+    apart = Evaluator(model, tokenizer, cfg, tmp_path / "apart", progress=False)
+    layers, name = model.config.num_hidden_layers, model.config.name_or_path
+    engines = {
+        3: LazyLLM(model, Schedule.from_layers(name, layers, {1: 50}).with_revival("frozen"), tokenizer=tokenizer,
+                   strict_model_name=False),
+        5: LazyLLM(model, Schedule.from_layers(name, layers, {2: 70}).with_revival("frozen"), tokenizer=tokenizer,
+                   strict_model_name=False),
+    }  # fmt: skip
+    base_apart = apart.baseline()
+    want = {n: apart.evaluate("lazyllm", e)[0] for n, e in engines.items()}
+    want_kl = {n: FidelityEvaluator(apart).evaluate(e)[0] for n, e in engines.items()}
+
+    together = Evaluator(model, tokenizer, cfg, tmp_path / "together", progress=False)
+    fid = FidelityEvaluator(together, prefix_bytes=1 << 30)
+    captures: list[int] = []
+    full_prefills: list[int] = []
+    capture, forward = fid.keep_all.capture_prefix, fid.keep_all._forward
+
+    def counted_forward(gen: Any, ids: Any, start: int, **kw: Any) -> Any:
+        if start == 0 and kw.get("prefix") is None:
+            full_prefills.append(1)
+        return forward(gen, ids, start, **kw)
+
+    fid.keep_all.capture_prefix = lambda ids: captures.append(1) or capture(ids)  # type: ignore[method-assign]
+    fid.keep_all._forward = counted_forward  # type: ignore[method-assign]
+    together.baseline_engine.generate = None  # type: ignore[method-assign,assignment]
+    got = fid.score_together(engines, kl=kl)
+    assert len(captures) == len(together.examples) > 2 and not full_prefills
+    assert not fid.prefixes  # captured for their chunk only
+    for ex in together.examples:
+        entry = together.cache.entries[ex.key]
+        assert (entry.prediction, entry.score, entry.token_ids) == (
+            base_apart[ex.key].prediction, base_apart[ex.key].score, base_apart[ex.key].token_ids,
+        )  # fmt: skip
+        assert (ex.key in fid.cache.entries) == kl
+    for number in engines:
+        results, drifts = got[number]
+        assert [(r.record_id, r.prediction, r.score) for r in results] == [
+            (r.record_id, r.prediction, r.score) for r in want[number]
+        ]
+        if kl:
+            assert [d.kl for d in drifts] == pytest.approx([d.kl for d in want_kl[number]], abs=1e-6)
+        else:
+            assert drifts == []
+
+
 def test_baseline_and_reference_from_one_prefill_equal_those_computed_apart(
     tiny_folder: Path, tmp_path: Path
 ) -> None:
