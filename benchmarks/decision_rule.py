@@ -346,6 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--settings", choices=("all", "default"), default="all", help="rule settings replayed")
     p.add_argument(
+        "--confirm-k",
+        type=int,
+        default=None,
+        help="replay only the default rule with this many scored schedules (a preset's confirm_k)",
+    )
+    p.add_argument(
         "--fresh",
         type=int,
         default=0,
@@ -365,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [pool] if args.sizes is None else [int(s) for s in args.sizes.split(",")]
     print(f"{len(grid)} schedules, {pool} validation / {n_test} test examples")
     settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
+    if args.confirm_k is not None:
+        settings = (RuleSetting(k=args.confirm_k),)
     results = []
     for budget in budgets:
         part = replay(grid, budget, sizes, args.resamples, settings, prior, args.fresh)

@@ -305,6 +305,35 @@ class FidelityEvaluator:
             strict_model_name=False,
         )
 
+    def adopt(self, other: FidelityEvaluator) -> int:
+        """Take ``other``'s unpruned side (baseline answer, reference, kept prefix) for every example
+        both evaluators hold with the same prompt and answer length, on the same model and settings:
+        the calibration's examples begin with the search's, which need not be computed again. Returns
+        how many examples were adopted."""
+        if (other.evaluator.model is not self.evaluator.model) or (other.top_k, other.gold) != (
+            self.top_k,
+            self.gold,
+        ):
+            return 0
+        theirs = {ex.key: ex for ex in other.evaluator.examples}
+        adopted = 0
+        for ex in self.evaluator.examples:
+            twin = theirs.get(ex.key)
+            if twin is None or (twin.input_ids, twin.max_new_tokens, twin.stop_strings) != (
+                ex.input_ids, ex.max_new_tokens, ex.stop_strings,
+            ):  # fmt: skip
+                continue
+            base = other.evaluator.cache.entries.get(ex.key)
+            if base is None or ex.key in self.evaluator.cache.entries:
+                continue
+            self.evaluator.cache.entries[ex.key] = base
+            if ex.key in other.cache.entries and ex.key not in self.cache.entries:
+                self.cache.entries[ex.key] = other.cache.entries[ex.key]
+            if other.prefixes.get(ex.key) is not None and ex.key not in self.prefixes:
+                self.prefixes[ex.key] = other.prefixes[ex.key]
+            adopted += 1
+        return adopted
+
     def gold_ids(self, example: Any) -> list[int]:
         if not self.gold or not example.answers:
             return []

@@ -161,8 +161,9 @@ class TrialRunner:
         )
 
     def fidelity_on(self, config: EvalSettings) -> FidelityEvaluator:
-        """The study's fidelity evaluator on the examples ``config`` names, nothing computed yet (the
-        runner's own when ``config`` names the search's examples): what scores schedules there
+        """The study's fidelity evaluator on the examples ``config`` names, with the search's unpruned
+        side of the examples both hold and nothing computed yet (the runner's own when ``config``
+        names the search's examples): what scores schedules there
         together with the unpruned side (:meth:`FidelityEvaluator.score_together`) before
         :meth:`on` reads that side from the caches."""
         if config == self.evaluator.config.eval_only():
@@ -174,7 +175,9 @@ class TrialRunner:
             self.settings.study_dir / "cache",
             progress=self.evaluator.progress,
         )
-        return fidelity_of(self.settings, evaluator)
+        fidelity = fidelity_of(self.settings, evaluator)
+        fidelity.adopt(self.fidelity)  # the examples both hold: the search's unpruned side, as computed
+        return fidelity
 
     # --- the objective, as named steps ------------------------------------------------------------
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:

@@ -228,6 +228,46 @@ def test_scoring_on_new_examples_takes_one_unpruned_prefill_per_example_for_ever
             assert drifts == []
 
 
+def test_a_larger_set_adopts_the_unpruned_side_of_the_examples_it_shares(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    """The calibration's examples begin with the search's: their baseline, reference and kept prefix
+    are taken over (no capture), the others computed, and every answer and KL is what a fresh
+    evaluator computes; settings that differ adopt nothing."""
+    model, tokenizer = load_model(str(tiny_folder))
+
+    def config(n: int) -> EvalSettings:
+        return EvalSettings(model=str(tiny_folder), task="qa", n_examples=n, max_prompt_tokens=64,
+                            max_new_tokens=5, data_dir=longbench_dir())  # fmt: skip
+
+    small = FidelityEvaluator(Evaluator(model, tokenizer, config(1), tmp_path / "small", progress=False))
+    small.references()
+    big_ev = Evaluator(model, tokenizer, config(3), tmp_path / "big", progress=False)
+    shared = {ex.key for ex in small.evaluator.examples}
+    assert shared < {ex.key for ex in big_ev.examples}
+    assert FidelityEvaluator(big_ev, top_k=8).adopt(small) == 0  # another reference: nothing taken
+    big = FidelityEvaluator(big_ev)
+    assert big.adopt(small) == len(shared) > 0
+    assert all(big.prefixes[k] is small.prefixes[k] for k in shared)
+    captures: list[str] = []
+    capture = big.keep_all.capture_prefix
+    big.keep_all.capture_prefix = lambda ids: captures.append("x") or capture(ids)  # type: ignore[method-assign]
+    name, layers = model.config.name_or_path, model.config.num_hidden_layers
+    engines = {
+        1: LazyLLM(model, Schedule.from_layers(name, layers, {1: 50}).with_revival("frozen"), tokenizer=tokenizer,
+                   strict_model_name=False),
+        2: LazyLLM(model, Schedule.from_layers(name, layers, {2: 70}).with_revival("frozen"), tokenizer=tokenizer,
+                   strict_model_name=False),
+    }  # fmt: skip
+    got = big.score_together(engines, kl=True)
+    assert len(captures) == len(big_ev.examples) - len(shared)
+    fresh = FidelityEvaluator(Evaluator(model, tokenizer, config(3), tmp_path / "fresh", progress=False))
+    want = fresh.score_together(engines, kl=True)
+    for n in engines:
+        assert [r.prediction for r in got[n][0]] == [r.prediction for r in want[n][0]]
+        assert [d.kl for d in got[n][1]] == pytest.approx([d.kl for d in want[n][1]], abs=1e-6)
+
+
 def test_baseline_and_reference_from_one_prefill_equal_those_computed_apart(
     tiny_folder: Path, tmp_path: Path
 ) -> None:
