@@ -24,6 +24,7 @@ rebuilt with one line when either fails or a value is implausible (:func:`load_b
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -549,6 +550,15 @@ class Evaluator:
                 self.cache.save()
                 bar.update(len(chunk))
         return {ex.key: self.cache.entries[ex.key] for ex in wanted}
+
+    def restricted(self, examples: Sequence[Example]) -> Evaluator:
+        """The same evaluator (model, settings, baseline cache) on ``examples``, some of its own."""
+        known = {ex.key for ex in self.examples}
+        if any(ex.key not in known for ex in examples):
+            raise ValueError("restricted() takes examples of this evaluator only")
+        out = copy.copy(self)
+        out.examples = list(examples)
+        return out
 
     def record_baseline(self, example: Example, result: GenerationResult) -> None:
         """Store the unpruned model's generation on ``example`` in the cache (saved by the caller)."""

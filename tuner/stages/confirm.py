@@ -22,7 +22,7 @@ The stage returns a :class:`Confirmation`; it writes nothing. The session stores
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,14 +30,16 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.data.longbench import OPENQA_DATASETS
+from tuner.evaluation.fidelity import FidelityEvaluator
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
 from tuner.stages.rule import judged_kl, pooled_rule, to_score
-from tuner.stages.trial import TrialRunner
-from tuner.statistics.bootstrap import Estimate, weighted_mean
+from tuner.stages.trial import TrialRunner, fidelity_of
+from tuner.statistics.bootstrap import Estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import ScoreLoss
 from tuner.study.records import TrialRecord
+from tuner.study.settings import FRESH_FROM_CALIBRATION, EvalSettings
 
 STATUSES = ("confirmed", "failed", "skipped", "scored")
 CONFIRMATION_ATTR = "confirmation"
@@ -268,6 +270,64 @@ def candidate_of(r: TrialRecord, status: str, loss: Estimate | None, reason: str
     return CandidateResult(r.number, r.schedule.percentiles, speedup, search_loss, status, loss, reason)
 
 
+@dataclass(frozen=True)
+class FreshPrompts:
+    """The prompts of the fresh-drift check: their fidelity evaluator, macro weights, and what they are."""
+
+    fidelity: FidelityEvaluator
+    weights: dict[str, float]
+    text: str
+
+
+def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callable[[], FreshPrompts] | str:
+    """What builds the fresh-drift check's prompts (on first use), or why there are none. An open-QA
+    search's are the calibration's validation examples it did not see, ``--fresh-kl-examples`` per
+    dataset (their unpruned side was computed with the calibration): its front's KLs come from the
+    few examples that ranked it, and a schedule chosen there drifted 2.2 times as much on the next
+    24 (docs/statistics.md). Any other search's are open-QA validation prompts from ``--openqa-dir``,
+    when it ranked its schedules on fewer examples than they hold."""
+    settings = runner.settings
+    per = settings.fresh_kl_examples
+    fresh_on = settings.fresh_settings()
+    tokens = settings.max_prompt_tokens
+    if fresh_on == FRESH_FROM_CALIBRATION:
+        seen = {ex.key for ex in runner.evaluator.examples}
+        taken: dict[str, int] = {}
+        beyond = []
+        for ex in calibration.evaluator.examples:
+            if ex.key not in seen and taken.get(ex.dataset, 0) < per:
+                taken[ex.dataset] = taken.get(ex.dataset, 0) + 1
+                beyond.append(ex)
+        if not beyond:
+            return (
+                "not available: the calibration's examples are the search's own (raise --confirm-n-examples)"
+            )
+
+        def beyond_search() -> FreshPrompts:
+            evaluator = calibration.evaluator.restricted(beyond)
+            weights = dict(zip((e.key for e in beyond), macro_weights([e.dataset for e in beyond])))
+            text = f"open-QA validation beyond the search's ({per} per dataset, {tokens} tokens)"
+            return FreshPrompts(fidelity_of(settings, evaluator), weights, text)
+
+        return beyond_search
+    if isinstance(fresh_on, str):
+        return fresh_on
+    searched = len(runner.evaluator.examples)
+    if searched >= len(OPENQA_DATASETS) * per:
+        return (
+            f"not needed: the search ranked its schedules on {searched} examples, no fewer than the check's"
+        )
+    other: EvalSettings = fresh_on
+
+    def open_qa() -> FreshPrompts:
+        there = runner.on(other)
+        return FreshPrompts(
+            there.fidelity, there.weights, f"open-QA validation ({per} per dataset, {tokens} tokens)"
+        )
+
+    return open_qa
+
+
 def confirm_pooled(
     records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int
 ) -> Confirmation:
@@ -311,21 +371,17 @@ def confirm_pooled(
             out.append(ScoredSchedule(r.number, kl, task))
         return out
 
-    fresh_on = runner.settings.fresh_settings()
-    searched = len(runner.evaluator.examples)
-    if not isinstance(fresh_on, str) and searched >= len(OPENQA_DATASETS) * runner.settings.fresh_kl_examples:
-        fresh_on = (
-            f"not needed: the search ranked its schedules on {searched} examples, no fewer than the check's"
-        )
+    fresh_on = fresh_prompts(runner, fid)
     fresh_kl: list[tuple[int, float]] = []
-    prompts: list[TrialRunner] = []  # the fresh prompts' runner, built on first use only
+    prompts: list[FreshPrompts] = []  # built on first use only
 
     def fresh(r: TrialRecord) -> float:
         assert not isinstance(fresh_on, str)
         if not prompts:
-            prompts.append(runner.on(fresh_on))
+            prompts.append(fresh_on())
         there = prompts[0]
-        drifts, _ = there.fidelity.evaluate(there.engine(r.schedule), desc=f"fresh KL of trial {r.number}")
+        engine = runner.engine(r.schedule)
+        drifts, _ = there.fidelity.evaluate(engine, desc=f"fresh KL of trial {r.number}")
         kl = weighted_mean(
             [d.kl for d in drifts], [there.weights[f"{d.dataset}/{d.record_id}"] for d in drifts]
         )
@@ -346,12 +402,7 @@ def confirm_pooled(
         check = FreshCheck("not needed: no drifting front schedule passed on its own KL", 0)
     else:
         there = prompts[0]
-        check = FreshCheck(
-            f"open-QA validation ({there.evaluator.config.n_examples} per dataset, "
-            f"{there.evaluator.config.max_prompt_tokens} tokens)",
-            len(there.evaluator.examples),
-            tuple(fresh_kl),
-        )
+        check = FreshCheck(there.text, len(there.fidelity.evaluator.examples), tuple(fresh_kl))
     picked = decision.picked
     out: list[CandidateResult] = []
     for v in decision.verdicts:  # fastest first

@@ -48,6 +48,9 @@ SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in 0..2**32-1
 HEARTBEAT_MAX_S = 3600  # an hour between heartbeats; the heartbeat thread's wait must stay a valid timeout
 GRACE_MAX_S = 7 * 24 * 3600  # a week without a heartbeat before a trial counts as crashed
 CONFIRM_K_DEFAULT = 6
+FRESH_FROM_CALIBRATION = "the calibration's open-QA validation examples beyond the search's"
+"""What :meth:`SearchSettings.fresh_settings` says for an open-QA search: the fresh-drift check then
+reads the calibration's examples that the search did not see (:func:`tuner.stages.confirm.confirm_pooled`)."""
 
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
@@ -381,12 +384,13 @@ class SearchSettings(EvalSettings):
     def fresh_settings(self) -> EvalSettings | str:
         """The prompts of the fresh-drift check (:func:`tuner.stages.rule.pooled_rule`, step 5): open-QA
         validation records at this study's prompt length, ``fresh_kl_examples`` per dataset; or why
-        there are none (off, the search's own task is open-QA, or no local open-QA folder: the check
-        never reaches for the hub unasked)."""
+        there are none (off, or no local open-QA folder: the check never reaches for the hub unasked),
+        or :data:`FRESH_FROM_CALIBRATION` where the search's own task is open-QA (the calibration's
+        examples beyond the search's are the fresh prompts)."""
         if self.fresh_kl_examples == 0:
             return "off (--fresh-kl-examples 0)"
         if any(spec.source == "openqa" for spec in resolve_task(self.task, self.language)):
-            return "not needed: the search's own prompts are open-QA"
+            return FRESH_FROM_CALIBRATION
         if not (self.openqa_dir or os.environ.get("OPENQA_DIR")):
             return "no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR"
         return dataclasses.replace(

@@ -6,12 +6,14 @@ import dataclasses
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
+from tuner.evaluation.fidelity import FidelityEvaluator
 from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
 from tuner.stages.confirm import Confirmation, candidate_of, confirm
@@ -304,3 +306,43 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
         skipped["prompts"]
         == "not needed: the search ranked its schedules on 4 examples, no fewer than the check's"
     )
+
+
+def test_an_open_qa_search_rechecks_its_front_on_the_calibration_examples_it_did_not_see(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    """Step 5 for a search on open-QA: the fresh prompts are the calibration's validation examples
+    beyond the search's (a schedule chosen on 24 examples drifted 2.2 times as much on the next 24),
+    --fresh-kl-examples per dataset; the KL stored is that schedule's KL there, recomputed equal."""
+    data = _open_qa(tmp_path / "open-qa")
+    argv = [
+        *_raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity"), "--max-prompt-tokens", "300",
+        "--task", "openqa", "--openqa-dir", str(data), "--n-examples", "1", "--confirm-n-examples", "3",
+        "--slope-prior", "none", "--fresh-kl-examples", "2",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    d = tmp_path / "c"
+    fresh = json.loads((d / "confirmation.json").read_text())["fresh"]
+    assert fresh["prompts"] == "open-QA validation beyond the search's (2 per dataset, 300 tokens)"
+    assert fresh["n_examples"] == 4 and len(fresh["kl"]) >= 1
+    settings = parse_settings(argv)
+    session = open_session(settings, progress=False)
+    search = {ex.key for ex in session.runner.evaluator.examples}
+    calibration = session.runner.fidelity_on(settings.evidence_settings("confirm"))
+    beyond = [ex for ex in calibration.evaluator.examples if ex.key not in search]
+    per: dict[str, list[Any]] = {}
+    for ex in beyond:
+        per.setdefault(ex.dataset, []).append(ex)
+    prompts = [ex for exs in per.values() for ex in exs[:2]]
+    assert len(prompts) == 4 and not search & {ex.key for ex in prompts}
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
+    first, kl = fresh["kl"][0]
+    record = next(r for r in StudyOutcome.from_study(study).records if r.number == first)
+    there = FidelityEvaluator(calibration.evaluator.restricted(prompts))
+    drifts, _ = there.evaluate(session.runner.engine(record.schedule))
+    assert kl == pytest.approx(sum(x.kl for x in drifts) / len(drifts), rel=1e-6)
+    # a calibration on the search's own examples has nothing beyond them
+    same = tmp_path / "same"
+    assert main([*argv[: argv.index("--confirm-n-examples")], "--output", str(same)]) == 0
+    kept = json.loads((same / "c" / "confirmation.json").read_text())["fresh"]
+    assert kept["n_examples"] == 0 and kept["prompts"].startswith("not available: the calibration's examples")

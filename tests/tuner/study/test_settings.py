@@ -14,6 +14,7 @@ from tuner.evaluate import settings_from_args as evaluate_settings
 from tuner.search import parse_settings
 from tuner.study.samplers import SAMPLERS, make_sampler, sampler_names
 from tuner.study.settings import (
+    FRESH_FROM_CALIBRATION,
     EvalSettings,
     EvaluateSettings,
     SearchSettings,
@@ -224,7 +225,7 @@ def test_the_fresh_drift_check_reads_local_open_qa_prompts_only(
     assert not isinstance(SearchSettings(fresh_kl_examples=5).fresh_settings(), str)
     assert SearchSettings(fresh_kl_examples=0).fresh_settings() == "off (--fresh-kl-examples 0)"
     own = SearchSettings(task="squad-long").fresh_settings()
-    assert own == "not needed: the search's own prompts are open-QA"
+    assert own == FRESH_FROM_CALIBRATION
     with pytest.raises(
         ValueError, match=r"fresh_kl_examples = -1: must be >= 0 \(0 = no fresh-prompt check\)"
     ):
