@@ -171,6 +171,34 @@ def test_schedules_scored_together_equal_each_scored_alone(tiny_folder: Path, tm
     assert fid.score_together(engines, kl=False)[7][1] == []  # no KL asked, none computed
 
 
+def _frozen_engines(model: Any, tokenizer: Any, plans: dict[int, dict[int, float]]) -> dict[int, LazyLLM]:
+    """Engines with frozen revival, numbered as ``plans`` (number -> {layer: percentile})."""
+    layers, name = model.config.num_hidden_layers, model.config.name_or_path
+    return {
+        n: LazyLLM(model, Schedule.from_layers(name, layers, plan).with_revival("frozen"), tokenizer=tokenizer,
+                   strict_model_name=False)
+        for n, plan in plans.items()
+    }  # fmt: skip
+
+
+def _count_unpruned_prefills(fid: FidelityEvaluator) -> tuple[list[int], list[int]]:
+    """Record every prefix ``fid`` captures and every full unpruned prefill it runs; its evaluator's
+    own baseline generator is disabled (a call to it fails the test)."""
+    captures: list[int] = []
+    full_prefills: list[int] = []
+    capture, forward = fid.keep_all.capture_prefix, fid.keep_all._forward
+
+    def counted_forward(gen: Any, ids: Any, start: int, **kw: Any) -> Any:
+        if start == 0 and kw.get("prefix") is None:
+            full_prefills.append(1)
+        return forward(gen, ids, start, **kw)
+
+    fid.keep_all.capture_prefix = lambda ids: captures.append(1) or capture(ids)  # type: ignore[method-assign]
+    fid.keep_all._forward = counted_forward  # type: ignore[method-assign]
+    fid.evaluator.baseline_engine.generate = None
+    return captures, full_prefills
+
+
 @pytest.mark.parametrize("kl", [True, False])
 def test_scoring_on_new_examples_takes_one_unpruned_prefill_per_example_for_everything(
     tiny_folder: Path, tmp_path: Path, kl: bool
@@ -183,31 +211,14 @@ def test_scoring_on_new_examples_takes_one_unpruned_prefill_per_example_for_ever
     cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=4, max_prompt_tokens=64,
                        max_new_tokens=5, data_dir=longbench_dir())  # fmt: skip
     apart = Evaluator(model, tokenizer, cfg, tmp_path / "apart", progress=False)
-    layers, name = model.config.num_hidden_layers, model.config.name_or_path
-    engines = {
-        3: LazyLLM(model, Schedule.from_layers(name, layers, {1: 50}).with_revival("frozen"), tokenizer=tokenizer,
-                   strict_model_name=False),
-        5: LazyLLM(model, Schedule.from_layers(name, layers, {2: 70}).with_revival("frozen"), tokenizer=tokenizer,
-                   strict_model_name=False),
-    }  # fmt: skip
+    engines = _frozen_engines(model, tokenizer, {3: {1: 50}, 5: {2: 70}})
     base_apart = apart.baseline()
     want = {n: apart.evaluate("lazyllm", e)[0] for n, e in engines.items()}
     want_kl = {n: FidelityEvaluator(apart).evaluate(e)[0] for n, e in engines.items()}
 
     together = Evaluator(model, tokenizer, cfg, tmp_path / "together", progress=False)
     fid = FidelityEvaluator(together, prefix_bytes=1 << 30)
-    captures: list[int] = []
-    full_prefills: list[int] = []
-    capture, forward = fid.keep_all.capture_prefix, fid.keep_all._forward
-
-    def counted_forward(gen: Any, ids: Any, start: int, **kw: Any) -> Any:
-        if start == 0 and kw.get("prefix") is None:
-            full_prefills.append(1)
-        return forward(gen, ids, start, **kw)
-
-    fid.keep_all.capture_prefix = lambda ids: captures.append(1) or capture(ids)  # type: ignore[method-assign]
-    fid.keep_all._forward = counted_forward  # type: ignore[method-assign]
-    together.baseline_engine.generate = None  # type: ignore[method-assign,assignment]
+    captures, full_prefills = _count_unpruned_prefills(fid)
     got = fid.score_together(engines, kl=kl)
     assert len(captures) == len(together.examples) > 2 and not full_prefills
     assert not fid.prefixes  # captured for their chunk only
@@ -252,13 +263,7 @@ def test_a_larger_set_adopts_the_unpruned_side_of_the_examples_it_shares(
     captures: list[str] = []
     capture = big.keep_all.capture_prefix
     big.keep_all.capture_prefix = lambda ids: captures.append("x") or capture(ids)  # type: ignore[method-assign]
-    name, layers = model.config.name_or_path, model.config.num_hidden_layers
-    engines = {
-        1: LazyLLM(model, Schedule.from_layers(name, layers, {1: 50}).with_revival("frozen"), tokenizer=tokenizer,
-                   strict_model_name=False),
-        2: LazyLLM(model, Schedule.from_layers(name, layers, {2: 70}).with_revival("frozen"), tokenizer=tokenizer,
-                   strict_model_name=False),
-    }  # fmt: skip
+    engines = _frozen_engines(model, tokenizer, {1: {1: 50}, 2: {2: 70}})
     got = big.score_together(engines, kl=True)
     assert len(captures) == len(big_ev.examples) - len(shared)
     fresh = FidelityEvaluator(Evaluator(model, tokenizer, config(3), tmp_path / "fresh", progress=False))
@@ -281,18 +286,7 @@ def test_baseline_and_reference_from_one_prefill_equal_those_computed_apart(
     refs_apart = FidelityEvaluator(apart, gold=True).references()
     together = Evaluator(model, tokenizer, cfg, tmp_path / "together", progress=False)
     fid = FidelityEvaluator(together, gold=True)
-    captures: list[int] = []
-    full_prefills: list[int] = []
-    capture, forward = fid.keep_all.capture_prefix, fid.keep_all._forward
-
-    def counted_forward(gen: Any, ids: Any, start: int, **kw: Any) -> Any:
-        if start == 0 and kw.get("prefix") is None:
-            full_prefills.append(1)
-        return forward(gen, ids, start, **kw)
-
-    fid.keep_all.capture_prefix = lambda ids: captures.append(1) or capture(ids)  # type: ignore[method-assign]
-    fid.keep_all._forward = counted_forward  # type: ignore[method-assign]
-    together.baseline_engine.generate = None  # type: ignore[method-assign,assignment]
+    captures, full_prefills = _count_unpruned_prefills(fid)
     refs = fid.references()
     # one unpruned prefill per example: its prefix; the answer and its reference resume from it
     assert len(captures) == len(together.examples) > 1 and not full_prefills
