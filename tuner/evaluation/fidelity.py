@@ -310,10 +310,8 @@ class FidelityEvaluator:
         both evaluators hold with the same prompt and answer length, on the same model and settings:
         the calibration's examples begin with the search's, which need not be computed again. Returns
         how many examples were adopted."""
-        if (other.evaluator.model is not self.evaluator.model) or (other.top_k, other.gold) != (
-            self.top_k,
-            self.gold,
-        ):
+        same_settings = (other.top_k, other.gold) == (self.top_k, self.gold)
+        if other.evaluator.model is not self.evaluator.model or not same_settings:
             return 0
         theirs = {ex.key: ex for ex in other.evaluator.examples}
         adopted = 0

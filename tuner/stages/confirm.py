@@ -340,7 +340,7 @@ def confirm_pooled(
     # the rule's schedules are scored first, in one pass with the unpruned side (baseline answers and
     # references) the calibration's examples lack: one unpruned prefill per example for everything,
     # every schedule resuming from it, a chunk of examples decoded together
-    chosen = to_score(records, runner.search_loss, k)
+    chosen = to_score(feasible_front(records, runner.search_loss), k)
     fid = runner.fidelity_on(config)
     own = fid is runner.fidelity  # the search's examples: the records hold their KLs
     scored = (

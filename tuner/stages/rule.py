@@ -67,11 +67,10 @@ def spread(front: Sequence[T], k: int) -> list[T]:
     return [front[i] for i in picks]
 
 
-def to_score(records: Sequence[TrialRecord], search_loss: Loss, k: int) -> list[TrialRecord]:
+def to_score(front: Sequence[TrialRecord], k: int) -> list[TrialRecord]:
     """The records :func:`pooled_rule` task-scores (step 2): up to ``k`` drifting schedules of the
-    feasible front, spread over it, fastest first. A caller may score them before the rule runs
+    feasible ``front`` (fastest first), spread over it. A caller may score them before the rule runs
     (its evidence then hands the results over), so their passes share the unpruned side."""
-    front = feasible_front(records, search_loss)
     return spread([r for r in front if r.loss is not None and r.loss.value > 0], k)
 
 
@@ -191,7 +190,7 @@ def pooled_rule(
             pass on their own KL, fastest first, until one passes.
     """
     front = feasible_front(records, search_loss)
-    chosen = to_score(records, search_loss, k)
+    chosen = to_score(front, k)
     scored = tuple(evidence(chosen))
     if [s.trial for s in scored] != [r.number for r in chosen]:
         raise ValueError("the evidence must score exactly the records it is given, in their order")
