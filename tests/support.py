@@ -3,13 +3,16 @@ transformers' own greedy decoding, and the LongBench folder. Fixtures built on t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -206,3 +209,14 @@ def decision_outcome(
     conf = Confirmation(2.0, 0.9, (rec,), 13, 3, "pooled", cal)
     budget = Budget(FidelityLoss(0.6), ScoreLoss(2.0))
     return StudyOutcome("s", StudyIdentity.from_dict(identity), budget, records, conf)
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as module ``<name>_bench`` (the benchmarks are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

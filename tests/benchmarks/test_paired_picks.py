@@ -4,28 +4,13 @@ estimator; runs on different examples are refused."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.support import load_benchmark
 from tuner.evaluation.runner import ExampleResult, loss_estimate
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "paired_picks_bench", ROOT / "benchmarks" / "paired_picks.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rows(scores: list[float]) -> list[ExampleResult]:
@@ -43,7 +28,7 @@ def _write(path: Path, rows: list[ExampleResult]) -> Path:
 def test_pairs_are_paired_losses_with_the_products_estimator(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bench = _bench()
+    bench = load_benchmark("paired_picks")
     good = _rows([0.5, 0.4, 0.6, 0.5] * 5)
     worse = [dataclasses.replace(r, score=r.score - 0.1) for r in good]  # 10 points lower everywhere
     noisy = [dataclasses.replace(r, score=r.score + (0.05 if i % 2 else -0.05)) for i, r in enumerate(good)]
@@ -62,7 +47,7 @@ def test_pairs_are_paired_losses_with_the_products_estimator(
 
 
 def test_runs_on_other_examples_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bench = _bench()
+    bench = load_benchmark("paired_picks")
     a = _write(tmp_path / "a.jsonl", _rows([0.5] * 4))
     b = _write(tmp_path / "b.jsonl", _rows([0.5] * 6))
     assert bench.main([f"a={a}", f"b={b}"]) == 2

@@ -3,27 +3,14 @@ example on both splits, datasets alternating, a rerun resumes (nothing twice, a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.support import load_benchmark
 from tests.tuner.data.test_openqa import _hotpot, _squad
 from tuner.data.openqa import FILES
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _recorder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("record_grid_bench", ROOT / "benchmarks" / "record_grid.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rows(path: Path) -> list[dict[str, object]]:
@@ -37,7 +24,7 @@ def test_the_grid_records_both_splits_and_resumes(
     data.mkdir()
     (data / FILES["hotpotqa-long"]).write_text(json.dumps(_hotpot()))
     (data / FILES["squad-long"]).write_text(json.dumps(_squad()))
-    bench = _recorder()
+    bench = load_benchmark("record_grid")
     argv = [
         "--model", str(tiny_folder), "--openqa-dir", str(data), "--n-examples", "2",
         "--max-prompt-tokens", "256", "--max-new-tokens", "4", "--split", "validation,test",

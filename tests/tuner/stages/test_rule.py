@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -12,25 +10,14 @@ import pytest
 
 import tuner.stages.rule as rule
 from lazyllm.schedule import Revival, Schedule
+from tests.support import load_benchmark
 from tuner.statistics.bootstrap import estimate
 from tuner.statistics.calibration import ScoredSchedule
 from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.study.records import TrialRecord
 
-ROOT = Path(__file__).resolve().parents[3]
 KEYS = [f"d{i % 2}/r{i}" for i in range(10)]
 WEIGHTS = dict.fromkeys(KEYS, 1.0)
-
-
-def _benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "decision_rule_bench", ROOT / "benchmarks" / "decision_rule.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _record(number: int, speedup: float, kl: float, pct: float) -> TrialRecord:
@@ -164,7 +151,7 @@ def _grid(bench: ModuleType) -> list[object]:
 
 
 def test_the_benchmark_replays_the_products_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = _benchmark()
+    bench = load_benchmark("decision_rule")
     assert bench.pooled_rule is rule.pooled_rule  # imported, not copied
     grid = _grid(bench)
     setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
@@ -181,7 +168,7 @@ def test_the_benchmark_replays_the_fresh_drift_check_of_the_products_rule(
 ) -> None:
     """--fresh: step 5 reads each schedule's KL on pool examples outside the draw; a product rule that
     refuses whatever it checks there must show in the replay."""
-    bench = _benchmark()
+    bench = load_benchmark("decision_rule")
     grid = _grid(bench)
     setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
     plain = bench.replay(grid, 2.0, [4], resamples=4, settings=setting, fresh=4)[0]
@@ -206,7 +193,7 @@ def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> N
     examples every schedule holds in both files."""
     import json
 
-    bench = _benchmark()
+    bench = load_benchmark("decision_rule")
     table = {
         "keep-all": {"schedule": Schedule.keep_all("m", 4).to_json()},
         "half": {"schedule": Schedule("m", (0.0, 50.0, 0.0, 0.0)).to_json()},
@@ -232,7 +219,7 @@ def test_a_one_split_grid_is_replayed_on_a_hashed_holdout(tmp_path: Path) -> Non
     the example key, disjoint, every shared example on one side."""
     import json
 
-    bench = _benchmark()
+    bench = load_benchmark("decision_rule")
     table = {
         n: {"schedule": Schedule("m", (0.0, p, 0.0, 0.0)).to_json()} for n, p in (("a", 0.0), ("b", 50.0))
     }
@@ -257,7 +244,7 @@ def test_the_replay_measures_how_much_more_its_pick_drifts_on_test() -> None:
     """The winner's curse column: the pick's test KL over its KL on the draw that chose it."""
     import dataclasses
 
-    bench = _benchmark()
+    bench = load_benchmark("decision_rule")
     setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
     plain = bench.replay(_grid(bench), 2.0, [10], resamples=4, settings=setting)[0]
     assert plain["pick_kl_test_over_draw"] is None  # rows without a test KL
@@ -289,7 +276,7 @@ def test_the_replay_reports_the_speed_kept_by_an_oracle_of_the_validation_pool()
     validation well keeps less than all of the test's best speed, and the oracle says how much."""
     import dataclasses
 
-    bench = _benchmark()
+    bench = load_benchmark("decision_rule")
     setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
     grid = _grid(bench)  # validation: trial 1 (1.4x) loses about 0.8 points, trial 2 (1.9x) about 8
     row = bench.replay(grid, 2.0, [10], resamples=2, settings=setting)[0]

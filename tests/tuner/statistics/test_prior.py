@@ -3,22 +3,18 @@ underpowered calibration (the rule, the report and the benchmark that builds the
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 import tuner.stages.rule as rule
+from tests.support import load_benchmark
 from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.statistics.prior import PowerPoint, SlopePrior, packaged, resolve
 from tuner.study.settings import SearchSettings
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _prior(
@@ -133,15 +129,6 @@ def test_the_rule_with_a_prior_no_longer_reads_no_cost_seen_as_no_cost() -> None
     assert "floored at the open-QA prior's 12.0" in floored.verdicts[0].why
 
 
-def _bench(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_builder_fits_the_product_estimator_on_grid_rows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -161,7 +148,7 @@ def test_the_builder_fits_the_product_estimator_on_grid_rows(
                   "score": 0.0, "baseline_score": 1.0})  # fmt: skip
     rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
     out = tmp_path / "prior.json"
-    assert _bench("slope_prior").main(["--rows", str(rows), "--out", str(out)]) == 0
+    assert load_benchmark("slope_prior").main(["--rows", str(rows), "--out", str(out)]) == 0
     prior = SlopePrior.load(out)
     assert prior.schedules == ("a", "b") and prior.n_examples == 12
     # macro mean over the two datasets (6 examples each) of 100 x loss, over the mean KL
@@ -178,23 +165,30 @@ def test_the_builder_fits_the_product_estimator_on_grid_rows(
     )
     steep = tmp_path / "steep.json"
     assert (
-        _bench("slope_prior").main(["--rows", str(rows), "--out", str(steep), "--combine", "steepest"]) == 0
+        load_benchmark("slope_prior").main(
+            ["--rows", str(rows), "--out", str(steep), "--combine", "steepest"]
+        )
+        == 0
     )
     steepest = SlopePrior.load(steep)
     assert steepest.combine == "steepest" and steepest.slope == pytest.approx(133.33, abs=0.01)
     assert steepest.upper(0.9) >= steepest.upper(0.6) > prior.upper(0.6)
     # fitted on decision_rule.py's pool side only: the held-out examples are left out
     half = tmp_path / "half.json"
-    assert _bench("slope_prior").main(["--rows", str(rows), "--out", str(half), "--holdout", "0.5"]) == 0
+    assert (
+        load_benchmark("slope_prior").main(["--rows", str(rows), "--out", str(half), "--holdout", "0.5"]) == 0
+    )
     kept = SlopePrior.load(half).n_examples
-    assert kept == sum(not _bench("decision_rule").held_out(f"{'hs'[i % 2]}/{i}", 0.5) for i in range(12))
+    assert kept == sum(
+        not load_benchmark("decision_rule").held_out(f"{'hs'[i % 2]}/{i}", 0.5) for i in range(12)
+    )
     assert "on 12 examples x 2 schedules" in capsys.readouterr().out
     # into the package (where studies read it) only on enough examples; nothing is written otherwise
     from tuner.statistics.prior import PRIOR_DIR
 
     before = sorted(PRIOR_DIR.glob("*.json")) if PRIOR_DIR.exists() else []
     with pytest.raises(SystemExit, match="share 12 validation examples, fewer than the 200"):
-        _bench("slope_prior").main(["--rows", str(rows), "--model", "tiny-test-model"])
+        load_benchmark("slope_prior").main(["--rows", str(rows), "--model", "tiny-test-model"])
     assert (sorted(PRIOR_DIR.glob("*.json")) if PRIOR_DIR.exists() else []) == before
 
 
@@ -232,7 +226,7 @@ def test_a_baseline_scaled_prior_is_read_at_the_studys_unpruned_score() -> None:
 
 
 def test_the_prior_builder_and_the_replay_hold_out_the_same_examples() -> None:
-    assert _bench("slope_prior").HOLDOUT_SEED == _bench("decision_rule").HOLDOUT_SEED
+    assert load_benchmark("slope_prior").HOLDOUT_SEED == load_benchmark("decision_rule").HOLDOUT_SEED
 
 
 def test_a_calibration_that_sees_no_cost_is_floored_whatever_its_size() -> None:
