@@ -14,6 +14,14 @@ from transformers import LlamaConfig
 from tests.support import ARCHS, make_tiny
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A session started with Ctrl-C ignored (``nohup make test &``) passes SIG_IGN on to every
+    subprocess, and the interrupt tests' real SIGINTs would meet deaf children that exit 0: restore
+    Python's own handler, which a child's exec resets to the default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def _sigint_handler_restored() -> Any:
     """``cli_main`` ignores Ctrl-C once it has handled one (the command is ending): in-process calls
