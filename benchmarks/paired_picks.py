@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ class PairedDifference:
 
 def read_rows(path: Path) -> list[ExampleResult]:
     """One ``tuner.evaluate`` method file: one :class:`ExampleResult` per line."""
-    return [ExampleResult(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    return ExampleResult.read_jsonl(path)
 
 
 def compare(

@@ -143,7 +143,7 @@ def cached_run(runner: Runner, cache_dir: Path, keys: Sequence[tuple[str, str]],
         speed_path = cache_dir / f"{label}.speed.json"
         if path.exists() and key.exists() and speed_path.exists() and key.read_text() == fingerprint:
             try:
-                rows = [ExampleResult(**json.loads(line)) for line in path.read_text().splitlines() if line]
+                rows = ExampleResult.read_jsonl(path)
                 speed: MethodSpeed | None = MethodSpeed.from_dict(json.loads(speed_path.read_text()))
             except (ValueError, TypeError, KeyError):
                 rows, speed = [], None
@@ -152,7 +152,7 @@ def cached_run(runner: Runner, cache_dir: Path, keys: Sequence[tuple[str, str]],
         done = runner(method, options)
         cache_dir.mkdir(parents=True, exist_ok=True)
         for target, text in (
-            (path, "".join(json.dumps(asdict(r)) + "\n" for r in done.results)),
+            (path, ExampleResult.to_jsonl(done.results)),
             (speed_path, json.dumps(done.speed.to_dict(), indent=1)),
         ):
             write_atomic(target, text)

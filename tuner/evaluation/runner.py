@@ -202,6 +202,16 @@ class ExampleResult:
     new_tokens: int
     prompt_computed_fraction: float
 
+    @staticmethod
+    def to_jsonl(rows: Sequence[ExampleResult]) -> str:
+        """One JSON object per line (the ``<method>.jsonl`` files of ``tuner.evaluate``)."""
+        return "".join(json.dumps(asdict(r)) + "\n" for r in rows)
+
+    @classmethod
+    def read_jsonl(cls, path: Path) -> list[ExampleResult]:
+        """The rows of a file :meth:`to_jsonl` wrote."""
+        return [cls(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
 
 @dataclass(frozen=True)
 class MethodSpeed:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +47,7 @@ def write_method(
     """``<name>.jsonl`` (one line per example) and ``<name>.summary.json``; reruns overwrite."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for path, text in (
-        (out_dir / f"{name}.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in results)),
+        (out_dir / f"{name}.jsonl", ExampleResult.to_jsonl(results)),
         (out_dir / f"{name}.summary.json", json.dumps(summary.to_dict(), indent=2) + "\n"),
     ):
         write_atomic(path, text)
