@@ -1,7 +1,7 @@
 """Does how a schedule scores tokens matter as much as where it prunes? A 2 x 2 ablation at equal FLOPs.
 
-    python benchmarks/scoring_ablation.py [--max-prompt-tokens 512] [--n-examples 1] [--targets 1.3,1.6]
-        [--rules last,fastkv] [--out outputs/scoring_ablation]
+    python benchmarks/scoring_ablation.py [--task qa] [--max-prompt-tokens 512] [--n-examples 1]
+        [--targets 1.3,1.6] [--rules last,fastkv] [--kl-only] [--out outputs/scoring_ablation]
 
 Cells: **structure** (``one-stage``: one prune after layer ``round(15/32 * L)``, FastKV's TSP depth;
 ``gradual``: two equal prunes after layers ``round(L/3)`` and ``round(2L/3)``) x **rule** (``last``:
@@ -12,11 +12,13 @@ cell's keep share is set by bisection so that its FLOP-model prefill speedup
 (:func:`lazyllm.flops.flop_speedup`, which counts the rule's scoring cost) at the median prompt length
 reaches the target while keeping the most tokens. Revival is ``frozen`` (the study's default).
 
-Per example of the LongBench QA group (English), on the validation and the test split:
+Per example of ``--task`` (default the LongBench QA group; ``openqa`` with ``--openqa-dir`` for the
+HotpotQA/SQuAD tasks), on the validation and the test split:
 
 * fidelity, teacher-forced along the unpruned greedy answer (:mod:`tuner.evaluation.fidelity`): mean KL(unpruned
   || pruned) per answer token in nats, and top-1 agreement;
-* task loss: the unpruned model's LongBench score minus the pruned model's (points, free-running).
+* task loss: the unpruned model's LongBench score minus the pruned model's (points, free-running);
+  left out with ``--kl-only`` (the free-running answer is most of a cell's cost).
 
 Reported per split and target: each cell's macro mean with its bootstrap interval
 (:func:`tuner.statistics.bootstrap.estimate`, datasets weighted equally), and the paired differences (same examples,
@@ -91,8 +93,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     for split in ("validation", "test"):
         cfg = EvalSettings(
-            model=args.model, task="qa", split=split, n_examples=args.n_examples,
+            model=args.model, task=args.task, split=split, n_examples=args.n_examples,
             max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens, data_dir=args.data_dir,
+            openqa_dir=args.openqa_dir,
         )  # fmt: skip
         ev = Evaluator(model, tokenizer, cfg, out / "cache", progress=False)
         fid = FidelityEvaluator(ev, top_k=64)
@@ -111,17 +114,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sched = structure_schedule(structure, args.model, layers, keep).with_scoring(rule)
                 sched = sched.with_revival(args.revival)
                 engine = LazyLLM(model, sched, tokenizer=tokenizer, strict_model_name=False)
-                rows = []
+                rows: list[dict[str, Any]] = []
                 for split, (ev, fid) in splits.items():
-                    base, refs = ev.baseline(), fid.references()
+                    refs = fid.references()
+                    base = None if args.kl_only else ev.baseline()
                     for ex in ev.examples:
                         drift = fid.example_drift(engine, ex, refs[ex.key])
-                        pred = run_example(engine, ex).text or ""
-                        loss = 100.0 * (base[ex.key].score - score_prediction(ex, pred))
-                        rows.append(
-                            {"split": split, "dataset": ex.dataset, "key": ex.key, "kl": drift.kl,
-                             "top1": drift.top1, "loss": loss}
-                        )  # fmt: skip
+                        row: dict[str, Any] = {
+                            "split": split,
+                            "dataset": ex.dataset,
+                            "key": ex.key,
+                            "kl": drift.kl,
+                            "top1": drift.top1,
+                        }
+                        if base is not None:
+                            pred = run_example(engine, ex).text or ""
+                            row["loss"] = 100.0 * (base[ex.key].score - score_prediction(ex, pred))
+                        rows.append(row)
                 cell = {
                     "target": target, "structure": structure, "rule": rule_name, "scoring": str(rule),
                     "keep": keep, "percentiles": list(sched.percentiles),
@@ -135,6 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
     result = {
         "model": args.model,
+        "task": args.task,
         "max_prompt_tokens": args.max_prompt_tokens,
         "median_prompt_tokens": n_mid,
         "revival": args.revival,
@@ -175,10 +185,13 @@ def _verdict(e: Estimate, lower_is_better: bool, a: str, b: str) -> str:
 def markdown(result: dict[str, Any]) -> str:
     level = result["level"]
     cells = result["cells"]
+    signals = [s for s in ("kl", "top1", "loss") if all(s in r for c in cells for r in c["rows"])]
+    digits = {"kl": 3, "top1": 2, "loss": 1}
+    lower_better = {"kl": True, "top1": False, "loss": True}
     rules = list(dict.fromkeys(c["rule"] for c in cells))
     spellings = {c["rule"]: c["scoring"] for c in cells}
     lines = [
-        f"# Scoring ablation: {result['model']}, LongBench QA (en), prompts cut to "
+        f"# Scoring ablation: {result['model']}, task {result.get('task', 'qa')}, prompts of at most "
         f"{result['max_prompt_tokens']} tokens (median {result['median_prompt_tokens']}), revival "
         f"{result['revival']}",
         "",
@@ -196,20 +209,22 @@ def markdown(result: dict[str, Any]) -> str:
                 "",
                 f"## {split}, {target:.1f}x FLOP speedup (n = {n} examples)",
                 "",
-                "| structure | rule | keep per stage | FLOP speedup | KL (nats) | top-1 | task loss (points) |",
-                "|---|---|---|---|---|---|---|",
+                "| structure | rule | keep per stage | FLOP speedup | "
+                + " | ".join(SIGNALS[s] for s in signals)
+                + " |",
+                "|---|---|---|---|" + "---|" * len(signals),
             ]
             for c in group:
                 r = rows[(c["structure"], c["rule"])]
                 lines.append(
                     f"| {c['structure']} | {c['rule']} | {c['keep']:.3f} | {c['flop_speedup']:.3f}x | "
-                    f"{_fmt(_est(r, 'kl', level), 3)} | {_fmt(_est(r, 'top1', level), 2)} | "
-                    f"{_fmt(_est(r, 'loss', level), 1)} |"
+                    + " | ".join(_fmt(_est(r, s, level), digits[s]) for s in signals)
+                    + " |"
                 )
             lines += [
                 "",
-                "| paired difference (B - A) | KL (nats) | top-1 | task loss (points) |",
-                "|---|---|---|---|",
+                "| paired difference (B - A) | " + " | ".join(SIGNALS[s] for s in signals) + " |",
+                "|---|" + "---|" * len(signals),
             ]
             pairs = [
                 ((s, rules[0]), (s, other), f"{s}: {other} - {rules[0]}")
@@ -218,10 +233,10 @@ def markdown(result: dict[str, Any]) -> str:
             ] + [((STRUCTURES[0], r), (STRUCTURES[1], r), f"{r}: gradual - one-stage") for r in rules]
             for a, b, label in pairs:
                 cols = []
-                for signal, digits, lower in (("kl", 3, True), ("top1", 2, False), ("loss", 1, True)):
+                for signal in signals:
                     e = _paired(rows[a], rows[b], signal, level)
                     names = (a[1], b[1]) if a[0] == b[0] else (a[0], b[0])
-                    cols.append(f"{_fmt(e, digits)} ({_verdict(e, lower, *names)})")
+                    cols.append(f"{_fmt(e, digits[signal])} ({_verdict(e, lower_better[signal], *names)})")
                 lines.append(f"| {label} | " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
@@ -229,6 +244,9 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--task", default="qa", help="a task or group of tuner.search (qa, openqa, ...)")
+    parser.add_argument("--openqa-dir", default=None, help="HotpotQA/SQuAD folder for the openqa tasks")
+    parser.add_argument("--kl-only", action="store_true", help="skip the free-running task loss")
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--n-examples", type=int, default=1, help="examples per dataset and split")
     parser.add_argument("--max-new-tokens", type=int, default=32)
