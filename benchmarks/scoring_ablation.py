@@ -197,8 +197,12 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Rules: {', '.join(f'{rule} = {spelled}' for rule, spelled in spellings.items())}. "
         f"Means are macro over datasets with {level:.0%} bootstrap intervals; KL in nats per answer token "
-        "(teacher-forced), top-1 agreement as a share, task loss in LongBench points (unpruned minus pruned; "
-        "lower is better).",
+        "(teacher-forced), top-1 agreement as a share"
+        + (
+            ", task loss in LongBench points (unpruned minus pruned; lower is better)."
+            if "loss" in signals
+            else " (no task loss: --kl-only)."
+        ),
     ]
     for split in ("validation", "test"):
         for target in dict.fromkeys(c["target"] for c in cells):

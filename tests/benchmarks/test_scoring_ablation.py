@@ -49,6 +49,7 @@ def test_the_report_shows_the_signals_the_rows_carry(with_loss: bool) -> None:
     header = next(line for line in text.splitlines() if line.startswith("| structure |"))
     assert ("task loss (points)" in header) is with_loss
     assert "KL (nats)" in header and "top-1 agreement" in header
+    assert ("task loss in LongBench points" in text) is with_loss
     # fastkv - last on one-stage: every example's KL is 0.20 lower, an interval of a point
     paired = next(line for line in text.splitlines() if line.startswith("| one-stage: fastkv - last |"))
     assert "-0.200 [-0.200, -0.200] (fastkv better)" in paired
