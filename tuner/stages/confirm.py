@@ -39,7 +39,7 @@ from tuner.statistics.bootstrap import Estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import ScoreLoss
 from tuner.study.records import TrialRecord
-from tuner.study.settings import FRESH_FROM_CALIBRATION, EvalSettings
+from tuner.study.settings import EvalSettings
 
 STATUSES = ("confirmed", "failed", "skipped", "scored")
 CONFIRMATION_ATTR = "confirmation"
@@ -288,9 +288,11 @@ def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callab
     when it ranked its schedules on fewer examples than they hold."""
     settings = runner.settings
     per = settings.fresh_kl_examples
-    fresh_on = settings.fresh_settings()
+    source = settings.fresh_source()
     tokens = settings.max_prompt_tokens
-    if fresh_on == FRESH_FROM_CALIBRATION:
+    if source.kind == "none":
+        return source.reason
+    if source.kind == "calibration":
         seen = {ex.key for ex in runner.evaluator.examples}
         taken: dict[str, int] = {}
         beyond = []
@@ -310,14 +312,13 @@ def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callab
             return FreshPrompts(fidelity_of(settings, evaluator), weights, text)
 
         return beyond_search
-    if isinstance(fresh_on, str):
-        return fresh_on
     searched = len(runner.evaluator.examples)
     if searched >= len(OPENQA_DATASETS) * per:
         return (
             f"not needed: the search ranked its schedules on {searched} examples, no fewer than the check's"
         )
-    other: EvalSettings = fresh_on
+    assert source.settings is not None  # FreshSource: "open-qa" carries its settings
+    other: EvalSettings = source.settings
 
     def open_qa() -> FreshPrompts:
         there = runner.on(other)

@@ -48,8 +48,8 @@ def check_search(settings: SearchSettings) -> None:
     check_context(settings.max_prompt_tokens, settings.max_new_tokens, _local_context(settings.model))
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
     check_task(settings.task, settings.language, settings.openqa_dir)  # open-QA sources readable
-    fresh = settings.fresh_settings()
-    if not isinstance(fresh, str):  # the fresh-drift check's prompts are readable too
+    fresh = settings.fresh_source().settings
+    if fresh is not None:  # the fresh-drift check's prompts are readable too
         check_task(fresh.task, fresh.language, fresh.openqa_dir)
     # a URL names an existing place; only the study folder (the default's, or one named in full) is ours
     named = sqlite_path(settings.storage_url)

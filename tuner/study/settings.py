@@ -48,9 +48,29 @@ SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in 0..2**32-1
 HEARTBEAT_MAX_S = 3600  # an hour between heartbeats; the heartbeat thread's wait must stay a valid timeout
 GRACE_MAX_S = 7 * 24 * 3600  # a week without a heartbeat before a trial counts as crashed
 CONFIRM_K_DEFAULT = 6
-FRESH_FROM_CALIBRATION = "the calibration's open-QA validation examples beyond the search's"
-"""What :meth:`SearchSettings.fresh_settings` says for an open-QA search: the fresh-drift check then
-reads the calibration's examples that the search did not see (:func:`tuner.stages.confirm.confirm_pooled`)."""
+FRESH_KINDS = ("open-qa", "calibration", "none")
+
+
+@dataclass(frozen=True)
+class FreshSource:
+    """Where the fresh-drift check's prompts come from (:meth:`SearchSettings.fresh_source`).
+
+    ``open-qa``: open-QA validation records described by ``settings``; ``calibration``: the
+    calibration's examples the search did not see (an open-QA search's own task;
+    :func:`tuner.stages.confirm.fresh_prompts`); ``none``: no check, for ``reason``.
+    """
+
+    kind: str
+    settings: EvalSettings | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FRESH_KINDS:
+            raise ValueError(f"fresh source kind = {self.kind!r}: must be one of {', '.join(FRESH_KINDS)}")
+        if (self.settings is not None) != (self.kind == "open-qa"):
+            raise ValueError(f"fresh source {self.kind!r}: settings go with 'open-qa' and only with it")
+        if bool(self.reason) != (self.kind == "none"):
+            raise ValueError(f"fresh source {self.kind!r}: a reason goes with 'none' and only with it")
 
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
@@ -381,22 +401,22 @@ class SearchSettings(EvalSettings):
         packaged prior for this model)."""
         return resolve_prior(self.slope_prior, self.model_slug)
 
-    def fresh_settings(self) -> EvalSettings | str:
+    def fresh_source(self) -> FreshSource:
         """The prompts of the fresh-drift check (:func:`tuner.stages.rule.pooled_rule`, step 5): open-QA
-        validation records at this study's prompt length, ``fresh_kl_examples`` per dataset; or why
-        there are none (off, or no local open-QA folder: the check never reaches for the hub unasked),
-        or :data:`FRESH_FROM_CALIBRATION` where the search's own task is open-QA (the calibration's
-        examples beyond the search's are the fresh prompts)."""
+        validation records at this study's prompt length, ``fresh_kl_examples`` per dataset; the
+        calibration's examples beyond the search's where the search's own task is open-QA; or why
+        there are none (off, or no local open-QA folder: the check never reaches for the hub unasked)."""
         if self.fresh_kl_examples == 0:
-            return "off (--fresh-kl-examples 0)"
+            return FreshSource("none", reason="off (--fresh-kl-examples 0)")
         if any(spec.source == "openqa" for spec in resolve_task(self.task, self.language)):
-            return FRESH_FROM_CALIBRATION
+            return FreshSource("calibration")
         if not (self.openqa_dir or os.environ.get("OPENQA_DIR")):
-            return "no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR"
-        return dataclasses.replace(
+            return FreshSource("none", reason="no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR")
+        settings = dataclasses.replace(
             self.eval_only(), task="openqa", language="en", split="validation",
             n_examples=self.fresh_kl_examples,
         )  # fmt: skip
+        return FreshSource("open-qa", settings=settings)
 
     def evidence_settings(self, stage: str) -> EvalSettings:
         """What the ``confirm`` stage (validation, ``confirm_n_examples``) or the ``heldout`` stage

@@ -279,8 +279,8 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
     assert best is not None and best.values[1] > 0  # a budget of 100 points: the fastest drifting one
     assert [t for t, _ in fresh["kl"]] == [best.number]  # passed there too: nothing slower is asked
     session = open_session(settings, progress=False)
-    fresh_settings = settings.fresh_settings()
-    assert not isinstance(fresh_settings, str) and fresh_settings.task == "openqa"
+    fresh_settings = settings.fresh_source().settings
+    assert fresh_settings is not None and fresh_settings.task == "openqa"
     there = session.runner.on(fresh_settings)
     assert {ex.dataset for ex in there.evaluator.examples} == {"hotpotqa-long", "squad-long"}
     drifts, _ = there.fidelity.evaluate(there.engine(best.schedule))

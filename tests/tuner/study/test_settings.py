@@ -14,9 +14,9 @@ from tuner.evaluate import settings_from_args as evaluate_settings
 from tuner.search import parse_settings
 from tuner.study.samplers import SAMPLERS, make_sampler, sampler_names
 from tuner.study.settings import (
-    FRESH_FROM_CALIBRATION,
     EvalSettings,
     EvaluateSettings,
+    FreshSource,
     SearchSettings,
     add_flags,
     load_preset,
@@ -215,17 +215,28 @@ def test_the_fresh_drift_check_reads_local_open_qa_prompts_only(
     from tuner.study.settings import SearchSettings
 
     monkeypatch.delenv("OPENQA_DIR", raising=False)
-    assert SearchSettings().fresh_settings() == "no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR"
-    got = SearchSettings(openqa_dir=str(tmp_path), max_prompt_tokens=700, split_seed=3).fresh_settings()
-    assert not isinstance(got, str)
+    assert SearchSettings().fresh_source() == FreshSource(
+        "none", reason="no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR"
+    )
+    source = SearchSettings(openqa_dir=str(tmp_path), max_prompt_tokens=700, split_seed=3).fresh_source()
+    got = source.settings
+    assert source.kind == "open-qa" and got is not None
     assert (got.task, got.split, got.n_examples, got.max_prompt_tokens, got.split_seed) == (
         "openqa", "validation", 12, 700, 3,
     )  # fmt: skip
     monkeypatch.setenv("OPENQA_DIR", str(tmp_path))
-    assert not isinstance(SearchSettings(fresh_kl_examples=5).fresh_settings(), str)
-    assert SearchSettings(fresh_kl_examples=0).fresh_settings() == "off (--fresh-kl-examples 0)"
-    own = SearchSettings(task="squad-long").fresh_settings()
-    assert own == FRESH_FROM_CALIBRATION
+    assert SearchSettings(fresh_kl_examples=5).fresh_source().kind == "open-qa"
+    assert SearchSettings(fresh_kl_examples=0).fresh_source().reason == "off (--fresh-kl-examples 0)"
+    assert SearchSettings(task="squad-long").fresh_source() == FreshSource("calibration")
+    for kind, extra, message in (
+        ("none", {}, "a reason goes with 'none'"),
+        ("calibration", {"reason": "x"}, "a reason goes with 'none' and only with it"),
+        ("open-qa", {}, "settings go with 'open-qa'"),
+        ("calibration", {"settings": got}, "settings go with 'open-qa' and only with it"),
+        ("hub", {}, "must be one of open-qa, calibration, none"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            FreshSource(kind, **extra)
     with pytest.raises(
         ValueError, match=r"fresh_kl_examples = -1: must be >= 0 \(0 = no fresh-prompt check\)"
     ):
