@@ -44,11 +44,6 @@ class PairedDifference:
         )
 
 
-def read_rows(path: Path) -> list[ExampleResult]:
-    """One ``tuner.evaluate`` method file: one :class:`ExampleResult` per line."""
-    return ExampleResult.read_jsonl(path)
-
-
 def compare(
     runs: Sequence[tuple[str, Sequence[ExampleResult]]], level: float = 0.9
 ) -> list[PairedDifference]:
@@ -76,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(named) < 2 or any(not sep or not name for name, sep, _ in named):
         p.error("give two or more runs as NAME=PATH")
     try:
-        runs = [(name, read_rows(Path(path))) for name, _, path in named]
+        runs = [(name, ExampleResult.read_jsonl(Path(path))) for name, _, path in named]
         for diff in compare(runs, args.level):
             print(diff.line())
     except (OSError, ValueError) as e:
