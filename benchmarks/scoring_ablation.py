@@ -40,6 +40,7 @@ import torch
 
 from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.flops import ModelDims, flop_speedup
+from lazyllm.models import DTYPES
 from lazyllm.scoring import Scoring
 from tuner.evaluation.fidelity import FidelityEvaluator
 from tuner.evaluation.runner import Evaluator, run_example, score_prediction
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
     layers = int(model.config.num_hidden_layers)
     dims = ModelDims.from_config(model.config)
     rules = {name: Scoring.parse(name) for name in args.rules.split(",")}
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
     result = {
         "model": args.model,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "task": args.task,
         "max_prompt_tokens": args.max_prompt_tokens,
         "median_prompt_tokens": n_mid,
@@ -193,7 +195,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# Scoring ablation: {result['model']}, task {result.get('task', 'qa')}, prompts of at most "
         f"{result['max_prompt_tokens']} tokens (median {result['median_prompt_tokens']}), revival "
-        f"{result['revival']}",
+        f"{result['revival']}, {result.get('dtype', 'float32')}",
         "",
         f"Rules: {', '.join(f'{rule} = {spelled}' for rule, spelled in spellings.items())}. "
         f"Means are macro over datasets with {level:.0%} bootstrap intervals; KL in nats per answer token "
@@ -260,6 +262,9 @@ def main() -> None:
     parser.add_argument("--level", type=float, default=0.9, help="interval level")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--dtype", default="auto", choices=tuple(DTYPES), help="auto: float32 on CPU, bfloat16 on CUDA"
+    )
     parser.add_argument("--out", default="outputs/scoring_ablation")
     args = parser.parse_args()
     run(args)

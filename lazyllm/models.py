@@ -99,6 +99,22 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,  # the device's default (default_dtype)
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+"""Weight and activation dtypes by name, as settings and command lines spell them."""
+
+
+def parse_dtype(name: str) -> torch.dtype | None:
+    """The dtype ``name`` spells (None for ``auto``: the device's default)."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype = {name!r}: must be one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -207,17 +223,20 @@ def load_model(
     name: str = DEFAULT_MODEL,
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     trust_remote_code: bool = False,
     attn_implementation: str = "sdpa",
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` by alias, folder or hub id; the model is in eval mode.
 
-    dtype defaults to float32 on CPU and bfloat16 on CUDA.
+    dtype: a ``torch.dtype`` or a name of :data:`DTYPES`; None or ``auto``: float32 on CPU, bfloat16 on CUDA
+    (bfloat16 pays on a CPU with AVX512-BF16 or AMX too: docs/data.md).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = torch.device(device) if device is not None else default_device()
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
     dtype = dtype or default_dtype(device)
     source, local = resolve(name)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}

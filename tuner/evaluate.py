@@ -96,7 +96,9 @@ def evaluate(settings: EvaluateSettings) -> int:
     schedule = check_evaluate(settings)  # schedule file and data: before the model loads, before any write
     out = settings.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model(settings.model, trust_remote_code=settings.trust_remote_code)
+    model, tokenizer = load_model(
+        settings.model, dtype=settings.dtype, trust_remote_code=settings.trust_remote_code
+    )
     if schedule is not None:
         schedule.check_model(
             settings.model, int(model.config.num_hidden_layers), strict_name=not settings.allow_other_model

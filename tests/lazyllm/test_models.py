@@ -5,7 +5,7 @@ import torch
 
 from lazyllm.baselines import static_pruning
 from lazyllm.engine import LazyLLM
-from lazyllm.models import ModelLoadError, load_model, model_name, resolve
+from lazyllm.models import ModelLoadError, load_model, model_name, parse_dtype, resolve
 from lazyllm.schedule import Schedule
 from tests.support import make_tiny
 
@@ -36,6 +36,16 @@ def test_load_local_folder(tmp_path) -> None:
     ids = torch.tensor([tokenizer("w1 w2 w3")["input_ids"]])
     with torch.inference_mode():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+    half, _ = load_model(str(tmp_path), device="cpu", dtype="bfloat16")  # by name, as settings spell it
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    with torch.inference_mode():  # the same model, rounded: close to float32, not equal
+        torch.testing.assert_close(half(ids).logits.float(), model(ids).logits, atol=0.1, rtol=0.05)
+
+
+def test_dtype_names_are_checked() -> None:
+    assert parse_dtype("auto") is None and parse_dtype("float32") is torch.float32
+    with pytest.raises(ValueError, match=r"dtype = 'fp8': must be one of auto, float32, bfloat16, float16"):
+        parse_dtype("fp8")
 
 
 def test_unreachable_hub_is_a_clear_error(monkeypatch) -> None:

@@ -22,6 +22,7 @@ class StudyIdentity:
 
     model: str
     task: str
+    dtype: str = "auto"  # what a study stored before the dtype was a setting ran with
     language: str = "en"
     search_space: str = "stages"
     max_prompt_tokens: int | None = None

@@ -137,7 +137,9 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
     space = load_space(settings.search_space)
     budget = Budget.from_settings(settings)  # the one conversion of the user's budget
     tracking_uri = settings.tracking_uri or default_tracking_uri(settings)
-    model, tokenizer = load_model(settings.model, device=device, trust_remote_code=settings.trust_remote_code)
+    model, tokenizer = load_model(
+        settings.model, device=device, dtype=settings.dtype, trust_remote_code=settings.trust_remote_code
+    )
     layers = int(model.config.num_hidden_layers)
     evaluator = Evaluator(model, tokenizer, settings, settings.study_dir / "cache", progress=progress)
     storage: optuna.storages.RDBStorage | None = None

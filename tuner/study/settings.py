@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import yaml
 
 from lazyllm.methods import check_method, needs_schedule, parse_method_options
-from lazyllm.models import DEFAULT_MODEL
+from lazyllm.models import DEFAULT_MODEL, DTYPES
 from lazyllm.schedule import Revival
 from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task, task_help
 from tuner.evaluation.speed import CLOCKS
@@ -150,8 +150,16 @@ class EvalSettings:
     trust_remote_code: bool = field(
         default=False, metadata=_help("allow a hub model's own Python code to run")
     )
+    dtype: str = field(
+        default="auto",
+        metadata=_help(
+            "weights and activations (auto: float32 on CPU, bfloat16 on CUDA)", choices=tuple(DTYPES)
+        ),
+    )
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(DTYPES)}")
         if self.language not in LANGUAGE_FILTERS:
             raise ValueError(f"language = {self.language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
         if self.split not in SPLITS:
@@ -437,7 +445,7 @@ class SearchSettings(EvalSettings):
 
     def study_identity(self) -> dict[str, Any]:
         """The settings a resumed study must share with the one that created it."""
-        keys = ("model", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
+        keys = ("model", "dtype", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
                 "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival", "timing_clock",
                 "confidence", "fidelity_top_k", "fidelity_gold")  # fmt: skip
         return {k: getattr(self, k) for k in keys}

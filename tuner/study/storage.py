@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 import lazyllm
 from lazyllm.atomic import remove_dead_temporaries
 from tuner.redact import redact_text
+from tuner.study.identity import StudyIdentity
 from tuner.study.samplers import make_sampler
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import SearchSpace
@@ -113,8 +114,10 @@ def open_study(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(["speedup", "accuracy_loss"])  # MLflow and pareto.json names
-    elif stored != identity:
-        diff = {k: (stored.get(k), v) for k, v in identity.items() if stored.get(k) != v}
+    elif (
+        then := StudyIdentity.from_dict(stored).to_dict()
+    ) != identity:  # fields added since: their old meaning
+        diff = {k: (then.get(k), v) for k, v in identity.items() if then.get(k) != v}
         raise ValueError(
             f"study {settings.name!r} in {redact_text(settings.storage_url)} was made with other settings {diff} "
             "(stored, given); use another --study-name or the same settings"

@@ -433,6 +433,7 @@ class Tracker:
                 "sampler": self.settings.sampler,
                 "seed": self.settings.seed,
                 "model": self.settings.model,
+                "dtype": self.settings.dtype,
                 "task": self.settings.task,
                 "max_prompt_tokens": self.settings.max_prompt_tokens,
                 "max_new_tokens": self.settings.max_new_tokens,

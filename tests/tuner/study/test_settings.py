@@ -85,6 +85,7 @@ def test_evaluate_output_is_derived_from_the_settings() -> None:
         ({"sampler": "bogus"}, "Unknown sampler 'bogus'. Available: gp, nsga2, random, tpe"),
         ({"split": "test"}, "a study searches on 'validation'"),
         ({"model": " "}, "model is empty"),
+        ({"dtype": "fp16"}, "dtype = 'fp16': must be one of auto, float32, bfloat16, float16"),
     ],
 )
 def test_search_settings_refuse_bad_values(kwargs: dict[str, object], fragment: str) -> None:

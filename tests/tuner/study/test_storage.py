@@ -33,6 +33,21 @@ def test_a_study_made_with_other_settings_is_refused(tmp_path: Path) -> None:
         storage.engine.dispose()
 
 
+def test_a_study_stored_before_a_setting_existed_resumes_with_its_old_meaning(tmp_path: Path) -> None:
+    """A study stored before ``dtype`` was a setting ran with the device's default: it resumes with
+    ``auto`` and refuses ``bfloat16``."""
+    storage = make_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    try:
+        study = open_study(_settings(tmp_path), 30, storage)
+        old = {k: v for k, v in study.user_attrs["identity"].items() if k != "dtype"}
+        study.set_user_attr("identity", old)
+        assert open_study(_settings(tmp_path), 30, storage).study_name == "s"
+        with pytest.raises(ValueError, match=r"other settings \{'dtype': \('auto', 'bfloat16'\)\}"):
+            open_study(_settings(tmp_path, dtype="bfloat16"), 30, storage)
+    finally:
+        storage.engine.dispose()
+
+
 def test_warm_starts_are_queued_once(tmp_path: Path) -> None:
     storage = make_storage(f"sqlite:///{tmp_path / 'study.db'}")
     try:
