@@ -441,14 +441,15 @@ def test_openqa_preset_is_valid_settings() -> None:
     from tuner.study.settings import EvaluateSettings, SearchSettings, resolve_settings
 
     search = resolve_settings("openqa", {}, SearchSettings)
-    assert (search.task, search.n_examples, search.max_prompt_tokens, search.heldout) == (
+    assert (search.task, search.n_examples, search.max_prompt_tokens, search.dtype, search.heldout) == (
         "openqa",
         12,
-        1024,
+        2048,
+        "bfloat16",
         True,
     )
     # the calibration has the power the power curve asks for (>= 200 task-scored examples)
     assert search.confirm_n_examples is not None and 2 * search.confirm_n_examples >= 200
-    assert (
-        resolve_settings("openqa", {"methods": "baseline"}, EvaluateSettings).task == "openqa"
-    )  # the same examples to both
+    evaluate = resolve_settings("openqa", {"methods": "baseline"}, EvaluateSettings)
+    # the same examples, at the same length and in the same dtype, to both
+    assert (evaluate.task, evaluate.max_prompt_tokens, evaluate.dtype) == ("openqa", 2048, "bfloat16")
