@@ -77,7 +77,7 @@ def main() -> int:
 
         sides[dtype] = {"transformers": hf} | {k: e.prefill for k, e in engines.items()}
     assert dims is not None
-    device = next(iter(sides.values()))["keep-all"].__self__.device  # type: ignore[attr-defined]
+    device = next(model.parameters()).device  # every dtype's model loads onto the same device
     rng = random.Random(args.seed)
     print(
         f"model {args.model}, device {device}, dtypes {', '.join(args.dtypes)}, threads "

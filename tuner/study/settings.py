@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import yaml
 
 from lazyllm.methods import check_method, needs_schedule, parse_method_options
-from lazyllm.models import DEFAULT_MODEL, DTYPES
+from lazyllm.models import DEFAULT_MODEL, DTYPES, parse_dtype
 from lazyllm.schedule import Revival
 from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task, task_help
 from tuner.evaluation.speed import CLOCKS
@@ -158,8 +158,7 @@ class EvalSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(DTYPES)}")
+        parse_dtype(self.dtype)  # the engine's one rule for dtype names
         if self.language not in LANGUAGE_FILTERS:
             raise ValueError(f"language = {self.language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
         if self.split not in SPLITS:
