@@ -1,7 +1,7 @@
 """A resumable grid: task score and teacher-forced KL of hand-made schedules and peers, per example.
 
     python benchmarks/record_grid.py [--task openqa] [--split validation] [--n-examples 200]
-        [--max-prompt-tokens 1024] [--openqa-dir DIR] [--minutes M] [--out FILE.jsonl]
+        [--max-prompt-tokens 1024] [--dtype auto] [--openqa-dir DIR] [--minutes M] [--out FILE.jsonl]
 
 For every example of ``--task`` (``n_examples`` per dataset, built by the product,
 :class:`tuner.evaluation.runner.Evaluator`) and every schedule of the grid (families ``paper-style``:
@@ -46,6 +46,7 @@ import torch
 from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.flops import ModelDims
 from lazyllm.methods import METHODS, make_method, peer_names
+from lazyllm.models import DTYPES
 from tuner.evaluation.fidelity import FidelityEvaluator
 from tuner.evaluation.runner import Evaluator, Example, result_of, run_examples
 from tuner.study.handmade import hand_made_grid, one_stage_grid
@@ -95,6 +96,11 @@ def grid(
         for keep in PEER_KEEPS:
             out[f"{peer} {knob}={keep}"] = ("peers", peer, None, {knob: keep})
     return out
+
+
+def dtype_suffix(dtype: str) -> str:
+    """The default rows file's dtype part: none for ``auto`` (the grids recorded before the flag)."""
+    return "" if dtype == "auto" else f"-{dtype}"
 
 
 def read_rows(path: Path) -> set[tuple[str, str]]:
@@ -161,7 +167,7 @@ class Split:
         self.out = Path(
             args.out.replace("{split}", split)
             if args.out
-            else f"benchmarks/data/grid-{args.model}-{args.task}-{split}-{args.max_prompt_tokens}.jsonl"
+            else f"benchmarks/data/grid-{args.model}-{args.task}-{split}-{args.max_prompt_tokens}{dtype_suffix(args.dtype)}.jsonl"
         )
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.done = read_rows(self.out)
@@ -172,7 +178,7 @@ class Split:
         config = EvalSettings(
             model=args.model, task=args.task, split=split, n_examples=args.n_examples,
             max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-            data_dir=args.data_dir, openqa_dir=args.openqa_dir,
+            dtype=args.dtype, data_dir=args.data_dir, openqa_dir=args.openqa_dir,
         )  # fmt: skip
         self.evaluator = Evaluator(model, tokenizer, config, Path(args.cache), progress=False)
         self.fidelity = FidelityEvaluator(self.evaluator)
@@ -197,6 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n-examples", type=int, default=200, help="examples per dataset")
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="model dtype (auto: float32 on CPU); not auto names the rows file",
+    )
     p.add_argument("--openqa-dir", default=None)
     p.add_argument("--data-dir", default=None)
     p.add_argument(
@@ -217,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--out: with two splits, put '{split}' in the file name")
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model, device="cpu")
+    model, tokenizer = load_model(args.model, device="cpu", dtype=args.dtype)
     layers = int(model.config.num_hidden_layers)
     dims = ModelDims.from_config(model.config)
     table = grid(args.model, layers, peers=args.peers)

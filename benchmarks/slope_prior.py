@@ -1,7 +1,7 @@
 """Fit a model's slope prior (task-score points per nat of KL) on the recorded open-QA grid.
 
     python benchmarks/slope_prior.py [--rows benchmarks/data/grid-smollm2-135m-openqa-validation-1024.jsonl]
-        [--power benchmarks/data/decision_rule.openqa.json] [--out tuner/statistics/priors/<model>.json]
+        [--power benchmarks/data/decision_rule.openqa.json] [--out tuner/statistics/priors/<model>-<tokens>.json]
 
 Reads the validation rows of ``benchmarks/record_grid.py``: every LazyLLM schedule with a KL (while
 the grid is being recorded, those on at least half as many examples as the fullest), on the examples
@@ -31,10 +31,10 @@ from tuner.statistics.bootstrap import macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule, bootstrap_slopes
 from tuner.statistics.prior import (
     COMBINES,
-    PRIOR_DIR,
     SCALINGS,
     PowerPoint,
     SlopePrior,
+    packaged_path,
     power_points,
     sha256_of,
 )
@@ -134,7 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="fit only on the pool side of decision_rule.py --holdout (to replay it with --prior unbiased)",
     )
-    p.add_argument("--out", default=None, help="default: tuner/statistics/priors/<model>.json")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="default: tuner/statistics/priors/<model>-<tokens>.json (tokens: the grid's prompt length)",
+    )
     p.add_argument(
         "--min-examples",
         type=int,
@@ -192,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         combine=args.combine,
         datasets=tuple((d[0], d[1], d[2]) for d in per_dataset),
     )
-    out = prior.save(args.out or PRIOR_DIR / f"{args.model}.json")
+    out = prior.save(args.out or packaged_path(args.model, args.max_prompt_tokens))
     print(
         f"{prior.id}: slope {prior.slope:.2f} points per nat (bound {prior.upper(0.6):.2f} at 60%, "
         f"{prior.upper(0.9):.2f} at 90%) on {len(weights)} examples x {len(names)} schedules, unpruned score "

@@ -55,3 +55,12 @@ def test_the_grid_records_both_splits_and_resumes(
     out = capsys.readouterr().out
     assert "cutting a truncated last line" in out and "wrote 1 rows" in out
     assert len(_rows(path)) == 4 * len(table)
+
+
+def test_a_grid_in_another_dtype_gets_its_own_rows_file(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_benchmark("record_grid")
+    assert bench.dtype_suffix("auto") == ""  # the grids recorded before the flag keep their names
+    assert bench.dtype_suffix("bfloat16") == "-bfloat16"
+    with pytest.raises(SystemExit):
+        bench.main(["--dtype", "float8"])
+    assert "invalid choice: 'float8'" in capsys.readouterr().err

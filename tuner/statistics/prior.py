@@ -7,8 +7,9 @@ which on test may lose twice the budget. A :class:`SlopePrior` is the same poole
 large recorded grid: every LazyLLM schedule of ``benchmarks/record_grid.py`` on hundreds of
 long-context QA examples built from HotpotQA and SQuAD (:mod:`tuner.data.openqa`), for the same
 model. It is computed once (``benchmarks/slope_prior.py``), stored beside this module as
-``priors/<model>.json`` with the sha256 of the rows it came from, and read by every study on that
-model (``--slope-prior``).
+``priors/<model>-<tokens>.json`` with the sha256 of the rows it came from, one per recorded prompt
+length, and read by every study on that model (``--slope-prior``; ``auto`` reads the one recorded at
+the prompt length nearest the study's).
 
 **The rule.** When the study's validation examples are fewer than the power curve asks for its
 budget (:meth:`SlopePrior.examples_needed`: the smallest replayed ``n`` whose rate of picks over
@@ -30,6 +31,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,7 @@ from typing import Any
 from tuner.statistics.bootstrap import check_level
 
 PRIOR_DIR = Path(__file__).parent / "priors"
-"""Where the packaged priors live, one ``<model>.json`` each."""
+"""Where the packaged priors live, one ``<model>-<tokens>.json`` per model and grid prompt length."""
 FORMAT = 1
 SCALINGS = ("absolute", "baseline")
 COMBINES = ("macro", "steepest")
@@ -240,19 +242,37 @@ class SlopePrior:
         return p
 
 
-def packaged(model: str) -> SlopePrior | None:
-    """The prior shipped for ``model`` (None when none is)."""
-    path = PRIOR_DIR / f"{model}.json"
-    return SlopePrior.load(path) if path.exists() else None
+def packaged_all(model: str) -> list[SlopePrior]:
+    """Every prior shipped for ``model`` (one per recorded prompt length), shortest prompts first."""
+    found = [SlopePrior.load(p) for p in sorted(PRIOR_DIR.glob("*.json"))] if PRIOR_DIR.exists() else []
+    return sorted((p for p in found if p.model == model), key=lambda p: p.max_prompt_tokens)
 
 
-def resolve(spec: str, model: str) -> SlopePrior | None:
-    """``--slope-prior``: ``auto`` (the packaged prior of ``model``, if any), ``none``, or a file path
-    (its model must be ``model``)."""
+def nearest(priors: Sequence[SlopePrior], max_prompt_tokens: int | None) -> SlopePrior | None:
+    """The prior measured at the prompt length nearest ``max_prompt_tokens`` (by ratio; a tie goes to
+    the shorter: drift shrinks as prompts grow, so the shorter grid's slope is the careful one), or
+    the shortest where the length is not given; None when there is none. A model drifts differently
+    at different lengths (docs/benchmarks.md#scoring-ablation), so a study reads the grid nearest its own."""
+    if not priors:
+        return None
+    if max_prompt_tokens is None:
+        return min(priors, key=lambda p: p.max_prompt_tokens)
+    target = max(int(max_prompt_tokens), 1)
+    return min(priors, key=lambda p: (abs(math.log(p.max_prompt_tokens / target)), p.max_prompt_tokens))
+
+
+def packaged(model: str, max_prompt_tokens: int | None = None) -> SlopePrior | None:
+    """The prior shipped for ``model`` nearest ``max_prompt_tokens`` (:func:`nearest`; None when none is)."""
+    return nearest(packaged_all(model), max_prompt_tokens)
+
+
+def resolve(spec: str, model: str, max_prompt_tokens: int | None = None) -> SlopePrior | None:
+    """``--slope-prior``: ``auto`` (the packaged prior of ``model`` nearest the study's prompt length,
+    if any), ``none``, or a file path (its model must be ``model``)."""
     if spec == "none":
         return None
     if spec == "auto":
-        return packaged(model)
+        return packaged(model, max_prompt_tokens)
     prior = SlopePrior.load(spec)
     if prior.model != model:
         raise ValueError(
@@ -260,6 +280,11 @@ def resolve(spec: str, model: str) -> SlopePrior | None:
             "auto or none"
         )
     return prior
+
+
+def packaged_path(model: str, max_prompt_tokens: int) -> Path:
+    """Where ``benchmarks/slope_prior.py`` stores ``model``'s prior for one prompt length."""
+    return PRIOR_DIR / f"{model}-{max_prompt_tokens}.json"
 
 
 def sha256_of(path: str | Path) -> str:

@@ -293,8 +293,8 @@ class SearchSettings(EvalSettings):
     slope_prior: str = field(
         default="auto",
         metadata=_help(
-            "floor of an underpowered calibration's slope: auto (the model's packaged open-QA prior, "
-            "if any), none, or a prior JSON file (benchmarks/slope_prior.py)"
+            "floor of an underpowered calibration's slope: auto (the model's packaged open-QA prior recorded nearest "
+            "max_prompt_tokens, if any), none, or a prior JSON file (benchmarks/slope_prior.py)"
         ),
     )
     fresh_kl_examples: int = field(
@@ -406,7 +406,7 @@ class SearchSettings(EvalSettings):
     def prior(self) -> SlopePrior | None:
         """The slope prior ``slope_prior`` names, read once (None: ``none``, or ``auto`` with no
         packaged prior for this model)."""
-        return resolve_prior(self.slope_prior, self.model_slug)
+        return resolve_prior(self.slope_prior, self.model_slug, self.max_prompt_tokens)
 
     def fresh_source(self) -> FreshSource:
         """The prompts of the fresh-drift check (:func:`tuner.stages.rule.pooled_rule`, step 5): open-QA

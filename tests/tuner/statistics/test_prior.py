@@ -10,18 +10,19 @@ from pathlib import Path
 import pytest
 
 import tuner.stages.rule as rule
+import tuner.statistics.prior as prior_module
 from tests.support import load_benchmark
 from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import FidelityLoss, ScoreLoss
-from tuner.statistics.prior import PowerPoint, SlopePrior, packaged, resolve
+from tuner.statistics.prior import PowerPoint, SlopePrior, nearest, packaged, packaged_path, resolve
 from tuner.study.settings import SearchSettings
 
 
 def _prior(
-    slope: float = 12.0, power: tuple[PowerPoint, ...] = (), model: str = "smollm2-135m"
+    slope: float = 12.0, power: tuple[PowerPoint, ...] = (), model: str = "smollm2-135m", tokens: int = 1024
 ) -> SlopePrior:
     return SlopePrior(
-        model=model, task="openqa", max_prompt_tokens=1024, n_examples=300, schedules=("a", "b"),
+        model=model, task="openqa", max_prompt_tokens=tokens, n_examples=300, schedules=("a", "b"),
         slope=slope, bounds=((0.5, slope), (0.6, slope + 1.0), (0.9, slope + 4.0), (0.99, slope + 8.0)),
         source="rows.jsonl", source_sha256="ab" * 32, created="2026-12-02", power=power,
     )  # fmt: skip
@@ -54,6 +55,31 @@ def test_a_prior_file_round_trips_and_bad_files_are_one_line(tmp_path: Path) -> 
         resolve(str(path), "gemma3-270m")
     assert resolve("none", "smollm2-135m") is None
     assert resolve("auto", "no-such-model") is None
+
+
+def test_a_study_reads_the_prior_recorded_nearest_its_prompt_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    short, long = _prior(10.0, tokens=1024), _prior(20.0, tokens=2048)
+    assert nearest([long, short], 2048) == long
+    assert nearest([long, short], 4096) == long
+    assert nearest([long, short], 1200) == short
+    assert nearest([long, short], 512) == short
+    a, b = _prior(1.0, tokens=1000), _prior(2.0, tokens=4000)
+    assert nearest([b, a], 2000) == a  # as far by ratio from both: the tie goes to the shorter
+    assert nearest([long, short], None) == short
+    assert nearest([], 2048) is None
+    # the package folder: each model's files by their own model field, whatever the file is called
+    monkeypatch.setattr(prior_module, "PRIOR_DIR", tmp_path)
+    short.save(tmp_path / "smollm2-135m-1024.json")
+    long.save(tmp_path / "smollm2-135m-2048.json")
+    _prior(30.0, model="smollm2-135m-extra", tokens=2048).save(tmp_path / "smollm2-135m-extra-2048.json")
+    assert packaged("smollm2-135m", 2048) == long
+    assert resolve("auto", "smollm2-135m", 1024) == short
+    assert packaged("smollm2-135m-extra", 1024).slope == 30.0  # type: ignore[union-attr]
+    assert SearchSettings(max_prompt_tokens=2048).prior == long
+    assert SearchSettings(max_prompt_tokens=1024).prior == short
+    assert packaged_path("smollm2-135m", 2048) == tmp_path / "smollm2-135m-2048.json"
 
 
 def test_bounds_interpolate_between_levels_and_refuse_outside_them() -> None:
