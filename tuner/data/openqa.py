@@ -48,6 +48,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from tuner.data.longbench import (
     CHAT_MARGIN,
     OPENQA_DATASETS,
@@ -606,18 +608,30 @@ def split_questions(corpus: Corpus, split: Split, split_seed: int = 0) -> list[Q
 
 
 def build_split(
-    builder: RecordBuilder, split: Split, split_seed: int = 0, limit: int | None = None
+    builder: RecordBuilder,
+    split: Split,
+    split_seed: int = 0,
+    limit: int | None = None,
+    *,
+    progress: bool = False,
 ) -> BuiltSplit:
     """Records of the questions in ``split``, in :func:`split_questions`'s sample order, until
-    ``limit`` records are built (None: all); a question that cannot fit is skipped and counted."""
+    ``limit`` records are built (None: all); a question that cannot fit is skipped and counted.
+    ``progress`` shows a bar (each record tokenizes its prompt a few times: hundreds of 2048-token
+    records take minutes on a CPU)."""
+    questions = split_questions(builder.corpus, split, split_seed)
     records: list[Record] = []
     skipped: list[str] = []
-    for question in split_questions(builder.corpus, split, split_seed):
-        if limit is not None and len(records) >= limit:
-            break
-        record = builder.build(question)
-        if record is None:
-            skipped.append(question.id)
-        else:
-            records.append(record)
+    total = len(questions) if limit is None else min(limit, len(questions))
+    desc = f"build {builder.corpus.dataset} {split} records"
+    with tqdm(total=total, desc=desc, disable=not progress or total == 0, leave=False) as bar:
+        for question in questions:
+            if limit is not None and len(records) >= limit:
+                break
+            record = builder.build(question)
+            if record is None:
+                skipped.append(question.id)
+            else:
+                records.append(record)
+                bar.update(1)
     return BuiltSplit(builder.corpus.dataset, records, tuple(skipped))

@@ -48,6 +48,7 @@ from tuner.data.longbench import (
     DatasetSpec,
     PromptConfig,
     Record,
+    Split,
     build_prompt,
     dataset_spec,
     encode_prompt,
@@ -94,7 +95,7 @@ class Example:
 
 
 def _task_records(
-    config: EvalSettings, tokenizer: Any, has_chat: bool
+    config: EvalSettings, tokenizer: Any, has_chat: bool, progress: bool = False
 ) -> Iterator[tuple[DatasetSpec, list[Record], PromptConfig]]:
     """Per dataset of ``config.task``, in task order: the chosen records of the split and their prompts.
 
@@ -118,7 +119,8 @@ def _task_records(
                 max_prompt_tokens=config.max_prompt_tokens,
                 seed=config.split_seed,
             )
-            built = build_split(builder, config.split, config.split_seed, config.n_examples)  # type: ignore[arg-type]
+            split: Split = config.split  # type: ignore[assignment]  # checked by EvalSettings
+            built = build_split(builder, split, config.split_seed, config.n_examples, progress=progress)
             if built.skipped:
                 warnings.warn(
                     f"{spec.name}: {len(built.skipped)} {config.split} question(s) skipped, their gold "
@@ -133,13 +135,13 @@ def _task_records(
             yield spec, chosen, prompts
 
 
-def build_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
+def build_examples(config: EvalSettings, tokenizer: Any, *, progress: bool = False) -> list[Example]:
     """Load (or build), split and encode the examples of ``config.task`` (datasets in task order);
     LongBench's prompts longer than ``max_prompt_tokens`` are cut in the middle, open-QA ones are
-    built to fit (:func:`tuner.data.longbench.encode_prompt`)."""
+    built to fit (:func:`tuner.data.longbench.encode_prompt`), with a progress bar if ``progress``."""
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     examples: list[Example] = []
-    for spec, records, prompts in _task_records(config, tokenizer, has_chat):
+    for spec, records, prompts in _task_records(config, tokenizer, has_chat, progress):
         limit = max_new_tokens(prompts, spec.name)
         if config.max_new_tokens is not None:
             limit = min(limit, config.max_new_tokens)
@@ -530,7 +532,7 @@ class Evaluator:
         self.tokenizer = tokenizer
         self.config = config
         self.progress = progress
-        self.examples = build_examples(config, tokenizer)
+        self.examples = build_examples(config, tokenizer, progress=progress)
         self.baseline_engine = make_method("baseline", model, tokenizer, None)
         fingerprint = {
             **{

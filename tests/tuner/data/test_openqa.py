@@ -316,6 +316,17 @@ def test_limit_counts_built_records(corpora: dict[str, Corpus], tokenizer: Any) 
     assert [r.id for r in built.records] == [i for i in split if i != HUGE][:5]
 
 
+def test_building_shows_progress_only_when_asked(
+    corpora: dict[str, Corpus], tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    builder = RecordBuilder(corpora["hotpotqa-long"], tokenizer, chat=True, max_prompt_tokens=300)
+    quiet = build_split(builder, "test", limit=3)
+    assert "build hotpotqa-long test records" not in capsys.readouterr().err
+    shown = build_split(builder, "test", limit=3, progress=True)
+    assert "build hotpotqa-long test records" in capsys.readouterr().err
+    assert shown == quiet  # the same records either way
+
+
 # --------------------------------------------------------------------------------------------------
 # the hub path, on local parquet files in the hub's columns
 def _hub_rows(folder: Path) -> dict[str, list[dict[str, Any]]]:
