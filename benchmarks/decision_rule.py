@@ -77,6 +77,7 @@ class GridSchedule:
     test_loss: float  # macro mean task loss on test, points
     baselines: Mapping[str, float] = field(default_factory=dict)  # validation key -> unpruned score, points
     test_kl: float | None = None  # macro mean KL on test, nats (None: the rows have no test KL)
+    test_interval: tuple[float, float] | None = None  # 90% interval of test_loss (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,14 @@ def load_grid(path: Path) -> list[GridSchedule]:
             if e["split"] == "validation"
         }
         test = [e for e in row["examples"] if e["split"] == "test"]
-        loss = estimate([e["score"] for e in test], macro_weights([e["dataset"] for e in test])).value
+        est = estimate([e["score"] for e in test], macro_weights([e["dataset"] for e in test]))
         datasets = {e["key"]: e["dataset"] for e in row["examples"]}
-        out.append(GridSchedule(row["schedule"], sched, float(row["flop_speedup"]), val, datasets, loss))
+        out.append(
+            GridSchedule(
+                row["schedule"], sched, float(row["flop_speedup"]), val, datasets, est.value,
+                test_interval=(est.low, est.high),
+            )
+        )  # fmt: skip
     if not out:
         raise ValueError(f"{path}: no schedules")
     return out
@@ -179,10 +185,11 @@ def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5)
         tst = [rows["test"][name][k] for k in sorted(keys["test"])]
         if not val or not tst:
             raise ValueError(f"{validation} and {test}: the schedules share no example of one split")
-        loss = estimate(
+        test_est = estimate(
             [100.0 * (r["baseline_score"] - r["score"]) for r in tst],
             macro_weights([r["dataset"] for r in tst]),
-        ).value
+            strata=[r["dataset"] for r in tst],
+        )
         datasets = {k: r["dataset"] for k, r in val.items()} | {
             f"test:{r['example']}": r["dataset"] for r in tst
         }
@@ -190,8 +197,9 @@ def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5)
             GridSchedule(
                 name, Schedule.from_json(schedules[name]["schedule"]), float(next(iter(val.values()))["flop_speedup"]),
                 {k: (float(r["kl_nats_per_token"]), 100.0 * (r["baseline_score"] - r["score"])) for k, r in val.items()},
-                datasets, loss, {k: 100.0 * r["baseline_score"] for k, r in val.items()},
+                datasets, test_est.value, {k: 100.0 * r["baseline_score"] for k, r in val.items()},
                 weighted_mean([float(r["kl_nats_per_token"]) for r in tst], macro_weights([r["dataset"] for r in tst])),
+                (test_est.low, test_est.high),
             )
         )  # fmt: skip
     return out
@@ -339,6 +347,30 @@ def table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def schedule_table(grid: Sequence[GridSchedule]) -> str:
+    """The grid's schedules, slowest first: FLOP speedup, and on each split the mean KL and the task
+    loss (validation: the whole pool; 90% intervals over examples, macro over datasets)."""
+    lines = [
+        "| schedule | FLOP speedup | validation KL (nats) | validation task loss [90%] | test KL (nats) | test task loss [90%] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for g in sorted(grid, key=lambda g: g.flop_speedup):
+        keys = sorted(g.validation)
+        groups = [g.datasets[k] for k in keys]
+        weights = macro_weights(groups)
+        kl = weighted_mean([g.validation[k][0] for k in keys], weights)
+        loss = estimate([g.validation[k][1] for k in keys], weights, strata=groups)
+        test_kl = "-" if g.test_kl is None else f"{g.test_kl:.3f}"
+        test = f"{g.test_loss:.2f}" + (
+            "" if g.test_interval is None else " [{:.2f}, {:.2f}]".format(*g.test_interval)
+        )
+        lines.append(
+            f"| {g.name} | {g.flop_speedup:.2f}x | {kl:.3f} | {loss.value:.2f} [{loss.low:.2f}, {loss.high:.2f}] "
+            f"| {test_kl} | {test} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
@@ -368,6 +400,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--settings", choices=("all", "default"), default="all", help="rule settings replayed")
     p.add_argument(
+        "--schedules",
+        action="store_true",
+        help="first print the grid's schedules: speed, KL and task loss per split",
+    )
+    p.add_argument(
         "--confirm-k",
         type=int,
         default=None,
@@ -392,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_test = len({k for g in grid[:1] for k in g.datasets}) - pool
     sizes = [pool] if args.sizes is None else [int(s) for s in args.sizes.split(",")]
     print(f"{len(grid)} schedules, {pool} validation / {n_test} test examples")
+    if args.schedules:
+        print(schedule_table(grid))
     settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
     if args.confirm_k is not None:
         settings = (RuleSetting(k=args.confirm_k),)

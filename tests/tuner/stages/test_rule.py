@@ -212,6 +212,11 @@ def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> N
     half = grid[1]
     assert sorted(half.validation) == ["d/validation0", "d/validation1"]  # the shared examples only
     assert half.validation["d/validation0"] == (0.1, 25.0) and half.test_loss == pytest.approx(25.0)
+    assert half.test_interval == pytest.approx((25.0, 25.0))  # every test example lost 25 points
+    # --schedules: one row per schedule, slowest first, with its KL and losses on both splits
+    rows = bench.schedule_table(list(reversed(grid))).splitlines()[2:]
+    assert [r.split(" | ")[0] for r in rows] == ["| keep-all", "| half"]
+    assert rows[1].endswith("| 1.10x | 0.100 | 25.00 [25.00, 25.00] | 0.100 | 25.00 [25.00, 25.00] |")
 
 
 def test_a_one_split_grid_is_replayed_on_a_hashed_holdout(tmp_path: Path) -> None:
