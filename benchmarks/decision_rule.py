@@ -371,6 +371,41 @@ def schedule_table(grid: Sequence[GridSchedule]) -> str:
     return "\n".join(lines)
 
 
+SHAPES = (1.0, 0.75, 0.5)
+"""Exponents ``p`` of the cost curves :func:`shape_table` compares: task loss = slope * KL^p."""
+
+
+def shape_table(grid: Sequence[GridSchedule]) -> str:
+    """How task loss grows with KL across the grid's schedules: for each exponent of :data:`SHAPES`,
+    the slope of loss = slope * KL^p through the origin (least squares over the schedules' means),
+    fitted on one split and judged on the other: the mean residual (the splits' offset) and their
+    spread around it (how well the shape ranks the schedules; the calibration fits ``p = 1``)."""
+    means = {}
+    for g in grid:
+        if g.test_kl is None:
+            continue
+        keys = sorted(g.validation)
+        weights = macro_weights([g.datasets[k] for k in keys])
+        val = (
+            weighted_mean([g.validation[k][0] for k in keys], weights),
+            weighted_mean([g.validation[k][1] for k in keys], weights),
+        )
+        means[g.name] = (val, (g.test_kl, g.test_loss))
+    lines = [
+        "| shape | fitted on | slope | residual mean on the other split | residual spread (sd) |",
+        "|---|---|---|---|---|",
+    ]
+    for p in SHAPES:
+        for fit, judge, label in ((0, 1, "validation"), (1, 0, "test")):
+            xs = [means[n][fit][0] ** p for n in means]
+            slope = sum(x * means[n][fit][1] for x, n in zip(xs, means)) / max(sum(x * x for x in xs), 1e-12)
+            res = [means[n][judge][1] - slope * means[n][judge][0] ** p for n in means]
+            bias = sum(res) / len(res)
+            sd = (sum((r - bias) ** 2 for r in res) / len(res)) ** 0.5
+            lines.append(f"| KL^{p:g} | {label} | {slope:.2f} | {bias:+.2f} | {sd:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
@@ -402,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--schedules",
         action="store_true",
-        help="first print the grid's schedules: speed, KL and task loss per split",
+        help="first print the grid's schedules (speed, KL and task loss per split) and the shape of loss in KL",
     )
     p.add_argument(
         "--confirm-k",
@@ -431,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(grid)} schedules, {pool} validation / {n_test} test examples")
     if args.schedules:
         print(schedule_table(grid))
+        print(shape_table(grid))
     settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
     if args.confirm_k is not None:
         settings = (RuleSetting(k=args.confirm_k),)

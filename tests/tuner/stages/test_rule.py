@@ -219,6 +219,35 @@ def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> N
     assert rows[1].endswith("| 1.10x | 0.100 | 25.00 [25.00, 25.00] | 0.100 | 25.00 [25.00, 25.00] |")
 
 
+def test_the_shape_table_finds_the_exponent_the_losses_were_made_with() -> None:
+    """--schedules: loss = 10 sqrt(KL) on both splits (test drifting twice as much) is fitted exactly
+    by KL^0.5 from either split (slope 10, no residual), and not by the linear shape."""
+    bench = load_benchmark("decision_rule")
+    grid = []
+    for i, kl in enumerate((0.01, 0.04, 0.25, 1.0)):
+        val = {f"d/{j}": (kl, 10 * kl**0.5) for j in range(3)}
+        datasets = {k: "d" for k in val}
+        grid.append(
+            bench.GridSchedule(
+                str(i),
+                Schedule.keep_all("m", 4),
+                1.0 + i,
+                val,
+                datasets,
+                10 * (2 * kl) ** 0.5,
+                test_kl=2 * kl,
+            )
+        )
+    rows = {
+        tuple(c.strip() for c in line.split("|")[1:3]): line
+        for line in bench.shape_table(grid).splitlines()[2:]
+    }
+    for split in ("validation", "test"):
+        assert rows[("KL^0.5", split)].endswith("| 10.00 | +0.00 | 0.00 |")
+        spread = float(rows[("KL^1", split)].split("|")[5])
+        assert spread > 0.5
+
+
 def test_a_one_split_grid_is_replayed_on_a_hashed_holdout(tmp_path: Path) -> None:
     """Before the test split is recorded, part of the validation pool stands in for it: by a hash of
     the example key, disjoint, every shared example on one side."""
