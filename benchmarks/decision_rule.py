@@ -347,6 +347,18 @@ def table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def validation_columns(g: GridSchedule) -> tuple[list[float], list[float], list[str], list[float]]:
+    """``g``'s validation examples as columns: KL, task loss, dataset and macro weight per example."""
+    keys = sorted(g.validation)
+    groups = [g.datasets[k] for k in keys]
+    return (
+        [g.validation[k][0] for k in keys],
+        [g.validation[k][1] for k in keys],
+        groups,
+        macro_weights(groups),
+    )
+
+
 def schedule_table(grid: Sequence[GridSchedule]) -> str:
     """The grid's schedules, slowest first: FLOP speedup, and on each split the mean KL and the task
     loss (validation: the whole pool; 90% intervals over examples, macro over datasets)."""
@@ -355,11 +367,9 @@ def schedule_table(grid: Sequence[GridSchedule]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for g in sorted(grid, key=lambda g: g.flop_speedup):
-        keys = sorted(g.validation)
-        groups = [g.datasets[k] for k in keys]
-        weights = macro_weights(groups)
-        kl = weighted_mean([g.validation[k][0] for k in keys], weights)
-        loss = estimate([g.validation[k][1] for k in keys], weights, strata=groups)
+        kls, losses, groups, weights = validation_columns(g)
+        kl = weighted_mean(kls, weights)
+        loss = estimate(losses, weights, strata=groups)
         test_kl = "-" if g.test_kl is None else f"{g.test_kl:.3f}"
         test = f"{g.test_loss:.2f}" + (
             "" if g.test_interval is None else " [{:.2f}, {:.2f}]".format(*g.test_interval)
@@ -384,13 +394,11 @@ def shape_table(grid: Sequence[GridSchedule]) -> str:
     for g in grid:
         if g.test_kl is None:
             continue
-        keys = sorted(g.validation)
-        weights = macro_weights([g.datasets[k] for k in keys])
-        val = (
-            weighted_mean([g.validation[k][0] for k in keys], weights),
-            weighted_mean([g.validation[k][1] for k in keys], weights),
+        kls, losses, _, weights = validation_columns(g)
+        means[g.name] = (
+            (weighted_mean(kls, weights), weighted_mean(losses, weights)),
+            (g.test_kl, g.test_loss),
         )
-        means[g.name] = (val, (g.test_kl, g.test_loss))
     lines = [
         "| shape | fitted on | slope | residual mean on the other split | residual spread (sd) |",
         "|---|---|---|---|---|",
