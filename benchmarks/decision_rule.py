@@ -44,24 +44,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lazyllm.schedule import Revival, Schedule
 from lazyllm.scoring import Scoring
 from tuner.data.longbench import unit_hash
+from tuner.report.figure import pyplot, write_figure
 from tuner.stages.rule import pooled_rule
-from tuner.statistics.bootstrap import estimate, macro_weights, weighted_mean
+from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule
 from tuner.statistics.losses import KL_PER_POINT, FidelityLoss, ScoreLoss
 from tuner.statistics.prior import SlopePrior
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
 
-DECISION_LEVEL: float = SearchSettings.__dataclass_fields__["decision_level"].default
-CONFIRM_K: int = SearchSettings.__dataclass_fields__["confirm_k"].default
-CONFIDENCE: float = SearchSettings.__dataclass_fields__["confidence"].default
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+DECISION_LEVEL: float = SearchSettings.decision_level
+CONFIRM_K: int = SearchSettings.confirm_k
+CONFIDENCE: float = SearchSettings.confidence
 N_BOOT = 300  # per replay: the rule's bootstraps (front bound and calibration), cheaper than a study's
 
 
@@ -359,6 +363,13 @@ def validation_columns(g: GridSchedule) -> tuple[list[float], list[float], list[
     )
 
 
+def validation_loss(g: GridSchedule) -> tuple[float, Estimate]:
+    """``g``'s mean KL (nats) and task loss (points, 90% interval over examples, macro over datasets)
+    on the whole validation pool."""
+    kls, losses, groups, weights = validation_columns(g)
+    return weighted_mean(kls, weights), estimate(losses, weights, strata=groups)
+
+
 def schedule_table(grid: Sequence[GridSchedule]) -> str:
     """The grid's schedules, slowest first: FLOP speedup, and on each split the mean KL and the task
     loss (validation: the whole pool; 90% intervals over examples, macro over datasets)."""
@@ -367,9 +378,7 @@ def schedule_table(grid: Sequence[GridSchedule]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for g in sorted(grid, key=lambda g: g.flop_speedup):
-        kls, losses, groups, weights = validation_columns(g)
-        kl = weighted_mean(kls, weights)
-        loss = estimate(losses, weights, strata=groups)
+        kl, loss = validation_loss(g)
         test_kl = "-" if g.test_kl is None else f"{g.test_kl:.3f}"
         test = f"{g.test_loss:.2f}" + (
             "" if g.test_interval is None else " [{:.2f}, {:.2f}]".format(*g.test_interval)
@@ -379,6 +388,52 @@ def schedule_table(grid: Sequence[GridSchedule]) -> str:
             f"| {test_kl} | {test} |"
         )
     return "\n".join(lines)
+
+
+def grid_figure(grid: Sequence[GridSchedule], budgets: Sequence[float], title: str) -> Figure:
+    """Task loss against FLOP speedup for every schedule of ``grid``, on each split with its 90%
+    interval and its example count, the ``budgets`` drawn across (what ``--schedules`` tabulates)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8.0, 4.8))
+    ordered = sorted(grid, key=lambda g: g.flop_speedup)
+    speeds = np.array([g.flop_speedup for g in ordered])
+    pool, n_test = split_sizes(grid)
+    val = [validation_loss(g)[1] for g in ordered]
+    ax.errorbar(
+        speeds * 0.99,
+        [e.value for e in val],
+        yerr=[[e.value - e.low for e in val], [e.high - e.value for e in val]],
+        fmt="o",
+        capsize=3,
+        label=f"validation (n={pool})",
+    )
+    test = [g.test_loss for g in ordered]
+    spans = [g.test_interval or (g.test_loss, g.test_loss) for g in ordered]
+    ax.errorbar(
+        speeds * 1.01,
+        test,
+        yerr=[[t - lo for t, (lo, _) in zip(test, spans)], [hi - t for t, (_, hi) in zip(test, spans)]],
+        fmt="s",
+        capsize=3,
+        label=f"test (n={n_test})",
+    )
+    for b in budgets:
+        ax.axhline(b, linestyle="--", color="grey", linewidth=1)
+        ax.annotate(f"budget {b:g}", (speeds.max(), b), textcoords="offset points", xytext=(0, 3), ha="right")
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("FLOP speedup of TTFT (log scale)")
+    ax.set_ylabel("task loss, score points (unpruned - pruned)")
+    ax.set_title(f"{title}: {len(grid)} schedules, 90% intervals", fontsize=10)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def split_sizes(grid: Sequence[GridSchedule]) -> tuple[int, int]:
+    """The grid's validation pool and test split sizes (every schedule holds the same examples)."""
+    pool = len(grid[0].validation)
+    return pool, len(grid[0].datasets) - pool
 
 
 SHAPES = (1.0, 0.75, 0.5)
@@ -448,6 +503,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="first print the grid's schedules (speed, KL and task loss per split) and the shape of loss in KL",
     )
     p.add_argument(
+        "--plot",
+        default=None,
+        help="also draw the grid's schedules (task loss against speed, each split with its n) as a PNG here",
+    )
+    p.add_argument(
         "--confirm-k",
         type=int,
         default=None,
@@ -468,13 +528,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if per_example
         else load_grid(Path(args.rows))
     )
-    pool = len(grid[0].validation)
-    n_test = len({k for g in grid[:1] for k in g.datasets}) - pool
+    pool, n_test = split_sizes(grid)
     sizes = [pool] if args.sizes is None else [int(s) for s in args.sizes.split(",")]
     print(f"{len(grid)} schedules, {pool} validation / {n_test} test examples")
     if args.schedules:
         print(schedule_table(grid))
         print(shape_table(grid))
+    if args.plot:
+        title = f"{Path(args.rows).stem}"
+        print(f"written: {write_figure(grid_figure(grid, budgets, title), Path(args.plot))}")
     settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
     if args.confirm_k is not None:
         settings = (RuleSetting(k=args.confirm_k),)

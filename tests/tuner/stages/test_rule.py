@@ -248,6 +248,31 @@ def test_the_shape_table_finds_the_exponent_the_losses_were_made_with() -> None:
         assert spread > 0.5
 
 
+def test_the_grid_figure_draws_each_split_at_its_own_losses_and_counts() -> None:
+    """--plot: every schedule on both splits, validation at its pooled loss and test at its own, each
+    series labelled with its example count, the budget drawn across."""
+    bench = load_benchmark("decision_rule")
+    grid = []
+    for i, (val_loss, test_loss) in enumerate(((3.0, 1.0), (0.5, 2.5))):
+        val = {f"d/{j}": (0.1 * (i + 1), val_loss + j - 1) for j in range(3)}  # losses val_loss -1, 0, +1
+        datasets = {k: "d" for k in val} | {f"test:d/{j}": "d" for j in range(5)}
+        grid.append(
+            bench.GridSchedule(
+                str(i), Schedule.keep_all("m", 4), 2.0 - i, val, datasets, test_loss,
+                test_interval=(test_loss - 0.5, test_loss + 1.0),
+            )
+        )  # fmt: skip
+    ax = bench.grid_figure(grid, [2.0], "grid").axes[0]
+    val_bars, test_bars = ax.containers
+    assert list(val_bars.lines[0].get_xdata()) == pytest.approx([0.99, 1.98])  # slowest first
+    assert list(val_bars.lines[0].get_ydata()) == pytest.approx([0.5, 3.0])
+    assert list(test_bars.lines[0].get_ydata()) == pytest.approx([2.5, 1.0])
+    low, high = test_bars.lines[2][0].get_segments()[0][:, 1]
+    assert (low, high) == pytest.approx((2.0, 3.5))  # the recorded interval, not a symmetric one
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["validation (n=3)", "test (n=5)"]
+    assert any(list(line.get_ydata()) == [2.0, 2.0] for line in ax.lines)  # the budget
+
+
 def test_a_one_split_grid_is_replayed_on_a_hashed_holdout(tmp_path: Path) -> None:
     """Before the test split is recorded, part of the validation pool stands in for it: by a hash of
     the example key, disjoint, every shared example on one side."""
