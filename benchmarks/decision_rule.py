@@ -422,6 +422,13 @@ def grid_figure(grid: Sequence[GridSchedule], budgets: Sequence[float], title: s
         ax.annotate(f"budget {b:g}", (speeds.max(), b), textcoords="offset points", xytext=(0, 3), ha="right")
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_xscale("log")
+    ticks = [
+        t
+        for t in (1.0, 1.1, 1.2, 1.4, 1.6, 2.0, 2.5, 3.0, 4.0, 6.0)
+        if speeds.min() * 0.9 <= t <= speeds.max() * 1.1
+    ]
+    ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
     ax.set_xlabel("FLOP speedup of TTFT (log scale)")
     ax.set_ylabel("task loss, score points (unpruned - pruned)")
     ax.set_title(f"{title}: {len(grid)} schedules, 90% intervals", fontsize=10)
