@@ -77,10 +77,16 @@ def power_sentence(d: Decision) -> str:
         else f" at this study's unpruned score {f.baseline_score:.1f}, {f.scale:.2f}x the grid's"
     )
     prior = f"the open-QA prior {f.prior} ({f.prior_slope:.1f}, bound {f.prior_upper:.1f}{read}, n={f.prior_n_examples})"
-    if f.examples_needed is None:
+    if f.examples_needed is None and f.largest_replayed is None:
         need = (
             f"No power curve for a {d.budget:g}-point budget is recorded with {prior} yet, so the study counts "
             f"as underpowered"
+        )
+    elif f.examples_needed is None:
+        need = (
+            f"By the power curve, no number of validation examples replayed (up to {f.largest_replayed}) holds a "
+            f"{d.budget:g}-point budget (picks over budget on test in at most {f.target_rate:.0%} of replays), "
+            f"and the study counts as underpowered with its {cal.n_examples}"
         )
     else:
         need = (

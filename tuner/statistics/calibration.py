@@ -93,6 +93,8 @@ class Floor:
         scale: the factor the prior's slope was read at (1 for an ``absolute`` prior; the study's
             unpruned score over the grid's for ``baseline``); ``prior_*`` are after it.
         baseline_score: the study's unpruned score (points) it was scaled to (None: not scaled).
+        largest_replayed: the largest ``n`` the power curve replayed at the budget (None: no curve
+            for it); with ``examples_needed`` None, no ``n`` up to it kept the target rate.
     """
 
     prior: str
@@ -108,6 +110,7 @@ class Floor:
     target_rate: float = 0.10
     scale: float = 1.0
     baseline_score: float | None = None
+    largest_replayed: int | None = None
 
     @property
     def binds(self) -> bool:
@@ -123,6 +126,7 @@ class Floor:
             return None if data.get(key) is None else float(data[key])
 
         need = data.get("examples_needed")
+        largest = data.get("largest_replayed")
         return cls(
             prior=str(data["prior"]),
             prior_n_examples=int(data["prior_n_examples"]),
@@ -137,6 +141,7 @@ class Floor:
             target_rate=float(data.get("target_rate", 0.10)),
             scale=float(data.get("scale", 1.0)),
             baseline_score=opt("baseline_score"),
+            largest_replayed=None if largest is None else int(largest),
         )
 
 
@@ -201,6 +206,7 @@ class Calibration:
             target_rate=prior.target_rate,
             scale=scale,
             baseline_score=None if prior.scaling == "absolute" else baseline_score,
+            largest_replayed=prior.largest_replayed(budget),
         )
         if not applied:
             return replace(self, floor=floor)

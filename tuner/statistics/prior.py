@@ -181,6 +181,14 @@ class SlopePrior:
         rows = sorted((p for p in self.power if p.budget == budgets[-1]), key=lambda p: p.n_examples)
         return next((p.n_examples for p in rows if p.exceed_rate <= self.target_rate), None)
 
+    def largest_replayed(self, budget: float) -> int | None:
+        """The largest ``n`` the power curve replayed at the budget :meth:`examples_needed` reads
+        (None: no curve for such a budget): what "no ``n`` reached the target" was tried up to."""
+        budgets = sorted({p.budget for p in self.power if p.budget <= budget})
+        if not budgets:
+            return None
+        return max(p.n_examples for p in self.power if p.budget == budgets[-1])
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": self.format,

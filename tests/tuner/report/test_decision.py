@@ -141,6 +141,15 @@ def test_the_paragraph_says_how_many_examples_the_budget_needs_and_whether_the_p
     sentence, _ = text_with(prior(()), 40.0, 60.0)
     assert sentence.startswith("No power curve for a 2-point budget is recorded with the open-QA prior")
     assert "which its own bound already exceeds; its own slope is 40.0 (bound 60.0)" in sentence
+    # a curve that no replayed n brought within the target: underpowered whatever the study's size, said so
+    sentence, _ = text_with(
+        prior((PowerPoint(2.0, 13, 0.4, 0.9, 500), PowerPoint(2.0, 200, 0.15, 0.9, 500))), 4.0, 5.0
+    )
+    assert sentence.startswith(
+        "By the power curve, no number of validation examples replayed (up to 200) holds a 2-point budget "
+        "(picks over budget on test in at most 10% of replays), and the study counts as underpowered with its 13, "
+        "so its slope is floored at the open-QA prior"
+    )
     sentence, _ = text_with(prior((PowerPoint(2.0, 13, 0.05, 0.95, 500),)), 20.0, 25.0)
     assert sentence == (
         "By the power curve, a 2-point budget needs 13 validation examples (picks over budget on test in at most "
