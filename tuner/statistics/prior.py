@@ -171,23 +171,23 @@ class SlopePrior:
         (l0, u0), (l1, u1) = self.bounds[i - 1], self.bounds[i]
         return u0 + (u1 - u0) * (level - l0) / (l1 - l0)
 
+    def curve(self, budget: float) -> list[PowerPoint]:
+        """The power curve a study with this ``budget`` reads: the rows at the largest recorded budget
+        not above it, fewest examples first (empty: no curve for such a budget)."""
+        below = [p.budget for p in self.power if p.budget <= budget]
+        return sorted((p for p in self.power if below and p.budget == max(below)), key=lambda p: p.n_examples)
+
     def examples_needed(self, budget: float) -> int | None:
         """The validation examples a study with this ``budget`` needs by the power curve: the smallest
-        replayed ``n`` at the largest recorded budget not above it whose exceed rate is at most
-        :attr:`target_rate` (None: no curve for such a budget, or no ``n`` reached the target)."""
-        budgets = sorted({p.budget for p in self.power if p.budget <= budget})
-        if not budgets:
-            return None
-        rows = sorted((p for p in self.power if p.budget == budgets[-1]), key=lambda p: p.n_examples)
-        return next((p.n_examples for p in rows if p.exceed_rate <= self.target_rate), None)
+        replayed ``n`` of :meth:`curve` whose exceed rate is at most :attr:`target_rate` (None: no
+        curve for such a budget, or no ``n`` reached the target)."""
+        return next((p.n_examples for p in self.curve(budget) if p.exceed_rate <= self.target_rate), None)
 
     def largest_replayed(self, budget: float) -> int | None:
-        """The largest ``n`` the power curve replayed at the budget :meth:`examples_needed` reads
-        (None: no curve for such a budget): what "no ``n`` reached the target" was tried up to."""
-        budgets = sorted({p.budget for p in self.power if p.budget <= budget})
-        if not budgets:
-            return None
-        return max(p.n_examples for p in self.power if p.budget == budgets[-1])
+        """The largest ``n`` of :meth:`curve` (None: no curve for such a budget): what "no ``n``
+        reached the target" was tried up to."""
+        rows = self.curve(budget)
+        return rows[-1].n_examples if rows else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
