@@ -29,7 +29,8 @@ the exploration cap ``KL_PER_POINT``) and a few around them. A draw larger than 
 examples, so it says how the rule behaves on more data only as far as the pool is representative:
 the table marks such rows. ``--prior`` replays the rule with a slope prior's floor
 (:mod:`tuner.statistics.prior`); a prior fitted on the same validation pool makes that replay
-optimistic. ``--out`` also writes the default rule's rows as the **power curve**
+optimistic. ``--exponent`` replays the rule with a concave calibration (``loss = slope x KL^p``,
+``--calibration-exponent`` of a study; its ``--prior`` must be fitted at the same ``p``). ``--out`` also writes the default rule's rows as the **power curve**
 (``benchmarks/slope_prior.py --power`` stores it in the prior). The measured tables, dated, are in
 docs/benchmarks.md.
 """
@@ -41,7 +42,7 @@ import json
 import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,7 @@ from tuner.data.longbench import unit_hash
 from tuner.report.figure import pyplot, write_figure
 from tuner.stages.rule import pooled_rule
 from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, weighted_mean
-from tuner.statistics.calibration import ScoredSchedule
+from tuner.statistics.calibration import ScoredSchedule, check_exponent
 from tuner.statistics.losses import KL_PER_POINT, FidelityLoss, ScoreLoss
 from tuner.statistics.prior import SlopePrior
 from tuner.study.records import TrialRecord
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
 DECISION_LEVEL: float = SearchSettings.decision_level
 CONFIRM_K: int = SearchSettings.confirm_k
 CONFIDENCE: float = SearchSettings.confidence
+EXPONENT: float = SearchSettings.calibration_exponent
 N_BOOT = 300  # per replay: the rule's bootstraps (front bound and calibration), cheaper than a study's
 
 
@@ -91,12 +93,18 @@ class RuleSetting:
     k: int = CONFIRM_K
     level: float = DECISION_LEVEL
     kl_per_point: float = KL_PER_POINT
+    exponent: float = EXPONENT
+
+    @property
+    def default(self) -> bool:
+        """The study's default knobs at this calibration exponent (the power curve's rows)."""
+        return (self.k, self.level, self.kl_per_point) == (CONFIRM_K, DECISION_LEVEL, KL_PER_POINT)
 
     @property
     def label(self) -> str:
-        default = (self.k, self.level, self.kl_per_point) == (CONFIRM_K, DECISION_LEVEL, KL_PER_POINT)
-        return f"pooled, k {self.k}, cap {self.kl_per_point:g} nats/point, level {self.level:g}" + (
-            " (default)" if default else ""
+        shape = "" if self.exponent == EXPONENT else f", loss ~ KL^{self.exponent:g}"
+        return f"pooled, k {self.k}, cap {self.kl_per_point:g} nats/point, level {self.level:g}{shape}" + (
+            " (default)" if self.default else ""
         )
 
 
@@ -293,7 +301,7 @@ def replay(
                 decision = pooled_rule(
                     records, cap, task, setting.k, weights, evidence, level=setting.level,
                     confidence=CONFIDENCE, prior=prior, baseline_score=baseline, fresh=seen, n_boot=N_BOOT,
-                    seed=i,
+                    seed=i, exponent=setting.exponent,
                 )  # fmt: skip
                 pick = decision.picked
                 if pick is None:
@@ -309,7 +317,7 @@ def replay(
             out.append({
                 "rule": setting.label + ("" if prior is None else f", floored at {prior.id}")
                 + (f", fresh KL on {fresh}" if fresh else ""),
-                "default": setting == RuleSetting(), "budget": budget, "n": n, "pool": len(pool), "resamples": resamples,
+                "default": setting.default, "exponent": setting.exponent, "budget": budget, "n": n, "pool": len(pool), "resamples": resamples,
                 "over_budget": over / resamples, "speed_kept": statistics.fmean(kept),
                 "no_pick": none / resamples,
                 "most_common_pick": max(set(picks), key=picks.count) if picks else "-",
@@ -526,9 +534,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="the fresh-drift check on this many pool examples outside each draw (0: off)",
     )
+    p.add_argument(
+        "--exponent",
+        type=float,
+        default=EXPONENT,
+        help="the calibration's shape p, task loss = slope x KL^p (a study's --calibration-exponent)",
+    )
     args = p.parse_args(argv)
     budgets = [float(b) for b in args.budget.split(",")]
-    prior = None if args.prior is None else SlopePrior.load(args.prior)
+    try:
+        exponent = check_exponent(args.exponent)
+        prior = None if args.prior is None else SlopePrior.load(args.prior)
+        if prior is not None and prior.exponent != exponent:
+            raise ValueError(
+                f"--prior {args.prior} was fitted at exponent {prior.exponent:g}, --exponent is {exponent:g}: "
+                "give a prior fitted at the same exponent (benchmarks/slope_prior.py --exponent)"
+            )
+    except ValueError as e:
+        p.error(str(e))
     per_example = Path(args.rows).with_suffix(".schedules.json").exists()
     grid = (
         load_example_rows(Path(args.rows), Path(args.test_rows) if args.test_rows else None, args.holdout)
@@ -547,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
     if args.confirm_k is not None:
         settings = (RuleSetting(k=args.confirm_k),)
+    settings = tuple(replace(s, exponent=exponent) for s in settings)
     results = []
     for budget in budgets:
         part = replay(grid, budget, sizes, args.resamples, settings, prior, args.fresh)
@@ -564,6 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "test_rows": args.test_rows,
             "prior": None if prior is None else prior.id,
             "fresh": args.fresh,
+            "exponent": exponent,
             "budgets": budgets,
             "results": results,
             # the power curve: the default rule's rows, as benchmarks/slope_prior.py --power reads them

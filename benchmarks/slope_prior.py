@@ -8,7 +8,8 @@ the grid is being recorded, those on at least half as many examples as the fulle
 all of them share, macro-weighted over the datasets. Fits the pooled slope through the
 origin with the product's own estimator (:func:`tuner.statistics.calibration.bootstrap_slopes`, the
 cluster bootstrap over examples a study's calibration uses) and records its one-sided bounds at
-levels 0.50..0.99. ``--power`` adds the power curve that ``benchmarks/decision_rule.py --out``
+levels 0.50..0.99. ``--exponent p`` fits ``loss = slope x KL^p`` instead of the straight line (a file of its own,
+``<model>-<tokens>-p<p>.json``, read by studies with ``--calibration-exponent p``). ``--power`` adds the power curve that ``benchmarks/decision_rule.py --out``
 measured on the same grid (the rule without a prior), which says from how many examples a study's
 own calibration needs no floor. The file records the rows' sha256, so the report names exactly what
 it was fitted on (:attr:`tuner.statistics.prior.SlopePrior.id`). See :mod:`tuner.statistics.prior`.
@@ -28,7 +29,7 @@ import numpy as np
 
 from tuner.data.longbench import unit_hash
 from tuner.statistics.bootstrap import macro_weights, weighted_mean
-from tuner.statistics.calibration import ScoredSchedule, bootstrap_slopes
+from tuner.statistics.calibration import LINEAR, ScoredSchedule, bootstrap_slopes, check_exponent
 from tuner.statistics.prior import (
     COMBINES,
     SCALINGS,
@@ -97,16 +98,21 @@ def scored_schedules(
 
 
 def fit_slope(
-    scored: Sequence[ScoredSchedule], weights: dict[str, float]
+    scored: Sequence[ScoredSchedule], weights: dict[str, float], exponent: float = LINEAR
 ) -> tuple[float, tuple[tuple[float, float], ...], np.ndarray, np.ndarray] | None:
-    """The pooled slope, its bounds at :data:`LEVELS` and the schedules' mean KL and task loss, by the
-    calibration's own estimator (None: nothing drifted)."""
-    boot = bootstrap_slopes(scored, weights, n_boot=N_BOOT)
+    """The pooled slope at ``exponent`` (``loss = slope x KL^p``), its bounds at :data:`LEVELS` and the
+    schedules' mean KL and task loss, by the calibration's own estimator (None: nothing drifted)."""
+    boot = bootstrap_slopes(scored, weights, n_boot=N_BOOT, exponent=exponent)
     if boot is None:
         return None
     _, kl_means, tl_means, slopes = boot
     bounds = tuple((lv, float(np.quantile(slopes, lv))) for lv in LEVELS)
-    return float(tl_means.sum() / kl_means.sum()), bounds, kl_means, tl_means
+    return (
+        float(tl_means.sum() / (np.clip(kl_means, 0.0, None) ** exponent).sum()),
+        bounds,
+        kl_means,
+        tl_means,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,7 +151,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=MIN_PACKAGED,
         help="fewest shared examples a prior written into the package may rest on",
     )
+    p.add_argument(
+        "--exponent",
+        type=float,
+        default=LINEAR,
+        help="the calibration's shape p, task loss = slope x KL^p (studies with --calibration-exponent p read it)",
+    )
     args = p.parse_args(argv)
+    try:
+        check_exponent(args.exponent)
+    except ValueError as e:
+        p.error(str(e))
     rows = Path(args.rows)
     scored, names, weights, baseline, datasets = scored_schedules(rows, args.holdout)
     shared = len(set.intersection(*(set(s.kl) for s in scored)))
@@ -155,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "packaged prior rests on (studies would read it); record more of the grid, or write it elsewhere "
             "with --out to look at it"
         )
-    fit = fit_slope(scored, weights)
+    fit = fit_slope(scored, weights, args.exponent)
     if fit is None:
         raise SystemExit(f"{rows}: no schedule drifted; nothing to fit")
     slope, bounds, kl_means, tl_means = fit
@@ -167,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         part = [
             ScoredSchedule(s.trial, {k: s.kl[k] for k in ks}, {k: s.task_loss[k] for k in ks}) for s in scored
         ]
-        got = fit_slope(part, dict.fromkeys(ks, 1.0))
+        got = fit_slope(part, dict.fromkeys(ks, 1.0), args.exponent)
         if got is not None:
             per_dataset.append((name, len(ks), got[0], got[1]))
     if args.combine == "steepest":
@@ -179,6 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.power:
         payload = json.loads(Path(args.power).read_text(encoding="utf-8"))
         power = power_points(payload["power"])
+        if payload.get("exponent", LINEAR) != args.exponent:
+            raise SystemExit(
+                f"--power {args.power} replayed the rule at exponent {payload.get('exponent', LINEAR):g}, not "
+                f"{args.exponent:g}: replay it with decision_rule.py --exponent {args.exponent:g}"
+            )
     prior = SlopePrior(
         model=args.model,
         task=args.task,
@@ -195,10 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         scaling=args.scaling,
         combine=args.combine,
         datasets=tuple((d[0], d[1], d[2]) for d in per_dataset),
+        exponent=args.exponent,
     )
-    out = prior.save(args.out or packaged_path(args.model, args.max_prompt_tokens))
+    out = prior.save(args.out or packaged_path(args.model, args.max_prompt_tokens, args.exponent))
     print(
-        f"{prior.id}: slope {prior.slope:.2f} points per nat (bound {prior.upper(0.6):.2f} at 60%, "
+        f"{prior.id}: slope {prior.slope:.2f} {prior.unit} (bound {prior.upper(0.6):.2f} at 60%, "
         f"{prior.upper(0.9):.2f} at 90%) on {len(weights)} examples x {len(names)} schedules, unpruned score "
         f"{baseline:.1f}, {args.scaling}, {args.combine} -> {out}"
     )

@@ -37,8 +37,8 @@ def certainty_sentence(c: Certainty | None) -> str:
     at = f"--confidence {c.confidence:.0%}"
     if c.no_cost:  # "at most 0 points" would claim more than n examples with no visible cost can
         return (
-            f"At {at} the calibration still measures no task-score cost of KL (slope bound {c.slope_upper:.1f} points "
-            f"per nat): the {c.n_examples} validation examples show none, and a cost that they do not "
+            f"At {at} the calibration still measures no task-score cost of KL (slope bound {c.slope_upper:.1f} {c.unit}): "
+            f"the {c.n_examples} validation examples show none, and a cost that they do not "
             f"show is not bounded by them. "
         )
     if c.certified:
@@ -70,7 +70,7 @@ def power_sentence(d: Decision) -> str:
             "No slope prior was given (--slope-prior none, or none is packaged for this model): the "
             "calibration stands on its own examples, however few. "
         )
-    own = f"its own slope is {f.own_slope:.1f} (bound {f.own_upper:.1f}) points per nat"
+    own = f"its own slope is {f.own_slope:.1f} (bound {f.own_upper:.1f}) {cal.unit}"
     read = (
         ""
         if f.baseline_score is None

@@ -124,10 +124,10 @@ def calibration_figure(outcome: StudyOutcome) -> Figure | None:
             str(c.trial), (c.search_loss, c.loss.value), textcoords="offset points", xytext=(4, 4), fontsize=8
         )
     top = max([cal.max_scored_kl, *(p[1] for p in cal.points)]) * 1.15 or 1.0
-    xs = [0.0, top]
-    ax.plot(xs, [cal.slope * x for x in xs], c="C0", label=f"pooled fit: {cal.slope:.1f} points per nat")
-    ax.plot(xs, [cal.slope_upper * x for x in xs], c="C0", ls=":",
-            label=f"{cal.level:.0%} upper bound: {cal.slope_upper:.1f} points per nat")  # fmt: skip
+    xs = [top * i / 64 for i in range(65)]  # a concave calibration (exponent < 1) is a curve
+    ax.plot(xs, [cal.predicted(x)[0] for x in xs], c="C0", label=f"pooled fit: {cal.slope:.1f} {cal.unit}")
+    ax.plot(xs, [cal.predicted(x)[1] for x in xs], c="C0", ls=":",
+            label=f"{cal.level:.0%} upper bound: {cal.slope_upper:.1f} {cal.unit}")  # fmt: skip
     ax.axhline(conf.budget, ls="--", c="C3", lw=1, label=f"budget {conf.budget:g} score points")
     ax.axvline(
         cal.max_kl(conf.budget), ls="--", c="gray", lw=1, label=f"KL cap {cal.max_kl(conf.budget):.4f} nats"

@@ -394,6 +394,7 @@ def confirm_pooled(
         records, runner.search_loss, runner.budget.task, k, on.weights, evidence,
         level=runner.settings.decision_level, confidence=level, prior=runner.settings.prior,
         baseline_score=macro_score(on.baseline.results), fresh=None if isinstance(fresh_on, str) else fresh,
+        exponent=runner.settings.calibration_exponent,
     )  # fmt: skip
     if decision.calibration is None:
         check = FreshCheck("not needed: no drifting schedule was scored", 0)

@@ -72,9 +72,9 @@ class TrialTiming:
 class Certainty:
     """Whether a recommendation chosen on the bound at the decision level (``level``) is certified at
     ``confidence`` too: ``upper`` is its predicted task loss bound there (score points) from the
-    calibration's slope bound ``slope_upper`` (points per nat) on ``n_examples`` validation examples;
-    ``examples_needed``: how many would certify it (None when certified, when no number would, or
-    when no cost is measured)."""
+    calibration's slope bound ``slope_upper`` (in ``unit``: points per nat, or per nat^p for a concave
+    calibration) on ``n_examples`` validation examples; ``examples_needed``: how many would certify it
+    (None when certified, when no number would, or when no cost is measured)."""
 
     confidence: float
     level: float
@@ -83,6 +83,7 @@ class Certainty:
     slope_upper: float
     upper: float
     examples_needed: int | None
+    unit: str = "points per nat"
 
     @property
     def no_cost(self) -> bool:
@@ -105,7 +106,14 @@ def certainty(kl: float, calibration: Calibration, budget: float) -> Certainty |
     if slope_up > 0 and upper > budget:
         need = calibration.examples_to_certify(kl, budget, at_confidence=True)
     return Certainty(
-        calibration.confidence, calibration.level, calibration.n_examples, budget, slope_up, upper, need
+        calibration.confidence,
+        calibration.level,
+        calibration.n_examples,
+        budget,
+        slope_up,
+        upper,
+        need,
+        calibration.unit,
     )
 
 

@@ -12,7 +12,8 @@ and reads nothing but its arguments.
 2. **Scored**: up to ``k`` front schedules that drift (KL > 0), spread evenly over the front with the
    fastest included (:func:`spread`), are task-scored by ``evidence`` (on the search's examples or
    on more of them: ``--confirm-n-examples``).
-3. **Calibration**: the pooled slope of task loss on KL through the origin, with its one-sided bound at
+3. **Calibration**: the pooled slope of task loss on ``KL^exponent`` through the origin (``exponent``
+   1: a straight line), with its one-sided bound at
    ``level`` (the decision level) and at ``confidence`` (reported) (:func:`tuner.statistics.calibration.fit`);
    given the model's slope ``prior`` and fewer examples than its power curve asks for the budget,
    the slope and bounds are floored at the prior's (:meth:`Calibration.floored`).
@@ -41,7 +42,7 @@ from typing import TypeVar
 
 from tuner.stages.front import feasible_front
 from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED
-from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
+from tuner.statistics.calibration import LINEAR, Calibration, ScoredSchedule, fit
 from tuner.statistics.losses import Loss, ScoreLoss
 from tuner.statistics.prior import SlopePrior
 from tuner.study.records import TrialRecord
@@ -169,6 +170,7 @@ def pooled_rule(
     prior: SlopePrior | None = None,
     baseline_score: float | None = None,
     fresh: FreshDrift | None = None,
+    exponent: float = LINEAR,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
 ) -> PooledDecision:
@@ -188,13 +190,16 @@ def pooled_rule(
             a prior that scales by it is read at.
         fresh: a record's KL on prompts the search never saw (step 5), called only on records that
             pass on their own KL, fastest first, until one passes.
+        exponent: the calibration's shape ``p`` (``--calibration-exponent``; ``prior`` must be fitted at it).
     """
     front = feasible_front(records, search_loss)
     chosen = to_score(front, k)
     scored = tuple(evidence(chosen))
     if [s.trial for s in scored] != [r.number for r in chosen]:
         raise ValueError("the evidence must score exactly the records it is given, in their order")
-    calibration = fit(scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed)
+    calibration = fit(
+        scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed, exponent=exponent
+    )
     if calibration is not None and prior is not None:
         calibration = calibration.floored(prior, budget.budget, baseline_score)
     check = fresh is not None and calibration is not None

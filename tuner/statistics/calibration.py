@@ -35,6 +35,13 @@ validation examples than its power curve asks for the budget, :meth:`Calibration
 the slope and both bounds to at least the prior's (see :mod:`tuner.statistics.prior`); the
 :class:`Floor` it records says what the study's own fit was and whether the floor changed anything.
 
+**Shape.** ``exponent = p`` bends the relation to ``T = b * K^p`` (``0 < p <= 1``; the ratio becomes
+``b = sum_s T_s / sum_s K_s^p``, points per nat^p, and the largest KL within ``B`` is ``(B / b_up)^(1/p)``).
+``p = 1`` is the straight line above. The recorded grids measure a concave cost: a tiny KL already
+flips greedy answers where two tokens are nearly tied, and the straight line anchored by the
+fastest scored schedule under-predicts the slow ones (``p = 0.5`` fits both grids best,
+docs/statistics.md); ``benchmarks/decision_rule.py --exponent`` replays the rule with it.
+
 **Power.** When a schedule's point prediction ``b * K`` is within budget but its bound is not, the
 data cannot certify it; with the standard error shrinking as ``1/sqrt(n)``, about
 ``n * ((b_up - b) * K / (B - b * K))^2`` examples would (``b * K`` taken as 0 when it is negative:
@@ -51,6 +58,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, check_level
+
+LINEAR = 1.0
+"""The calibration's default exponent: task loss proportional to KL."""
+
+
+def check_exponent(exponent: float) -> float:
+    """``exponent`` if it is a shape the calibration can fit (``0 < p <= 1``: concave or straight through
+    the origin), else one ``ValueError`` line."""
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)) or not 0 < exponent <= 1:
+        raise ValueError(
+            f"calibration exponent = {exponent!r}: must be a number in (0, 1] (1: task loss proportional to KL; "
+            "0.5: to its square root)"
+        )
+    return float(exponent)
+
+
+def slope_unit(exponent: float) -> str:
+    """The unit of a slope at ``exponent``: ``points per nat`` (1) or ``points per nat^0.5``."""
+    return "points per nat" if exponent == LINEAR else f"points per nat^{exponent:g}"
+
 
 if TYPE_CHECKING:
     from tuner.statistics.prior import SlopePrior
@@ -162,6 +189,8 @@ class Calibration:
         slope_upper_confidence: the slope's one-sided upper bound at ``confidence``.
         floor: the slope prior it was checked against (None: none); when applied, ``slope`` and both
             bounds are the larger of the study's own and the prior's.
+        exponent: the shape ``p`` of ``loss = slope * KL^p`` (1: a straight line; the slopes are in
+            points per nat^p).
     """
 
     slope: float
@@ -174,8 +203,10 @@ class Calibration:
     confidence: float | None = None
     slope_upper_confidence: float | None = None
     floor: Floor | None = None
+    exponent: float = LINEAR
 
     def __post_init__(self) -> None:
+        check_exponent(self.exponent)
         check_level(self.level)
         if (self.confidence is None) != (self.slope_upper_confidence is None):
             raise ValueError("confidence and slope_upper_confidence: give both or neither")
@@ -187,6 +218,11 @@ class Calibration:
         fewer than the prior's power curve asks for (or the curve is not recorded), or when it measures
         no cost of KL at all, the slope and its bounds become at least the prior's, read at the study's unpruned ``baseline_score`` (points)
         for a prior that scales by it (see the module docstring)."""
+        if prior.exponent != self.exponent:
+            raise ValueError(
+                f"slope prior {prior.id} was fitted at exponent {prior.exponent:g}, the calibration at "
+                f"{self.exponent:g}: give a prior fitted at the same exponent (benchmarks/slope_prior.py --exponent)"
+            )
         need = prior.examples_needed(budget)
         # "no cost seen" is not "no cost": the prior measured one, on more examples than any study here
         applied = need is None or self.n_examples < need or self.slope_upper <= 0
@@ -227,15 +263,24 @@ class Calibration:
         if f is None or not f.binds:
             return ""
         return (
-            f"; slope floored at the open-QA prior's {f.prior_slope:.1f} (bound {f.prior_upper:.1f}) points per "
-            f"nat, over the study's own {f.own_slope:.1f} (bound {f.own_upper:.1f})"
+            f"; slope floored at the open-QA prior's {f.prior_slope:.1f} (bound {f.prior_upper:.1f}) {self.unit}, "
+            f"over the study's own {f.own_slope:.1f} (bound {f.own_upper:.1f})"
         )
+
+    @property
+    def unit(self) -> str:
+        """The slopes' unit: ``points per nat`` (or ``per nat^p`` for a concave calibration)."""
+        return slope_unit(self.exponent)
+
+    def shape(self, kl: float) -> float:
+        """``kl^p``: what the slopes multiply (0 for ``kl <= 0``)."""
+        return float(kl) ** self.exponent if kl > 0 else 0.0
 
     def max_kl(self, budget: float) -> float:
         """The largest mean KL (nats) whose predicted task loss bound is within ``budget`` points."""
         if self.slope_upper <= 0:
             return self.max_scored_kl
-        return min(budget / self.slope_upper, self.max_scored_kl)
+        return min((budget / self.slope_upper) ** (1.0 / self.exponent), self.max_scored_kl)
 
     def covers(self, kl: float) -> bool:
         """Whether ``kl`` is within the scored evidence (no farther than the largest scored KL).
@@ -246,14 +291,15 @@ class Calibration:
 
     def predicted(self, kl: float) -> tuple[float, float]:
         """``(estimate, upper bound)`` of the task loss (points) of a schedule with mean KL ``kl``."""
-        return self.slope * kl, self.slope_upper * kl
+        x = self.shape(kl)
+        return self.slope * x, self.slope_upper * x
 
     def no_cost_text(self) -> str:
         """What a calibration with no measured cost (``slope <= 0``) certifies, in words: its negative
         predicted losses are no evidence of a gain, only of nothing lost up to the largest scored KL."""
         return (
             f"the calibration measured no task-score cost of KL on these examples (slope {self.slope:.1f} "
-            f"points per nat), so it certifies nothing past the largest scored KL ({self.max_scored_kl:.4f} nats)"
+            f"{self.unit}), so it certifies nothing past the largest scored KL ({self.max_scored_kl:.4f} nats)"
         )
 
     def upper_at_confidence(self, kl: float) -> float | None:
@@ -261,7 +307,7 @@ class Calibration:
         not recorded); a negative bound is reported as 0, since it is no evidence of a gain."""
         if self.slope_upper_confidence is None:
             return None
-        return max(self.slope_upper_confidence * kl, 0.0)
+        return max(self.slope_upper_confidence * self.shape(kl), 0.0)
 
     def examples_to_certify(self, kl: float, budget: float, *, at_confidence: bool = False) -> int | None:
         """How many examples would certify a schedule at ``kl`` (None: its estimate is over budget), at
@@ -291,6 +337,7 @@ class Calibration:
             "confidence": self.confidence,
             "slope_upper_confidence": self.slope_upper_confidence,
             "floor": None if self.floor is None else self.floor.to_dict(),
+            "exponent": self.exponent,
         }
 
     @classmethod
@@ -308,6 +355,7 @@ class Calibration:
                 None if data.get("slope_upper_confidence") is None else float(data["slope_upper_confidence"])
             ),
             floor=None if data.get("floor") is None else Floor.from_dict(data["floor"]),
+            exponent=float(data.get("exponent", LINEAR)),
         )
 
 
@@ -317,10 +365,12 @@ def bootstrap_slopes(
     *,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
+    exponent: float = LINEAR,
 ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray] | None:
     """The shared examples, the per-schedule mean KL and task loss ``[S]``, and ``n_boot`` resampled
-    pooled slopes ``[B]`` (the cluster bootstrap over examples of the module docstring); None when no
-    schedule drifted at all."""
+    pooled slopes ``[B]`` at ``exponent`` (the cluster bootstrap over examples of the module
+    docstring); None when no schedule drifted at all."""
+    check_exponent(exponent)
     if not scored:
         return None
     keys = sorted(set.intersection(*(set(s.kl) for s in scored)))
@@ -337,7 +387,7 @@ def bootstrap_slopes(
     wb = w[idx]  # [B, n]
     k_b = (kl[:, idx] * wb).sum(axis=2) / wb.sum(axis=1)  # [S, B]
     t_b = (tl[:, idx] * wb).sum(axis=2) / wb.sum(axis=1)
-    denom = k_b.sum(axis=0)
+    denom = (np.clip(k_b, 0.0, None) ** exponent).sum(axis=0)  # a mean KL is >= 0 but for rounding
     slopes = np.where(denom > 0, t_b.sum(axis=0) / np.where(denom > 0, denom, 1.0), 0.0)
     return keys, kl_means, tl_means, slopes
 
@@ -350,18 +400,20 @@ def fit(
     confidence: float | None = None,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = DEFAULT_SEED,
+    exponent: float = LINEAR,
 ) -> Calibration | None:
     """The pooled slope of ``scored`` with its bound at ``level`` and, given ``confidence``, at that
-    level too, from the same bootstrap (None when no scored schedule drifted at all)."""
+    level too, from the same bootstrap, for the shape ``loss = slope * KL^exponent`` (None when no
+    scored schedule drifted at all)."""
     check_level(level)
     if confidence is not None:
         check_level(confidence)
-    boot = bootstrap_slopes(scored, weights, n_boot=n_boot, seed=seed)
+    boot = bootstrap_slopes(scored, weights, n_boot=n_boot, seed=seed, exponent=exponent)
     if boot is None:
         return None
     keys, kl_means, tl_means, slopes = boot
     return Calibration(
-        slope=float(tl_means.sum() / kl_means.sum()),
+        slope=float(tl_means.sum() / (np.clip(kl_means, 0.0, None) ** exponent).sum()),
         slope_upper=float(np.quantile(slopes, level)),
         level=level,
         n_examples=len(keys),
@@ -370,4 +422,5 @@ def fit(
         points=tuple((s.trial, float(k), float(t)) for s, k, t in zip(scored, kl_means, tl_means)),
         confidence=confidence,
         slope_upper_confidence=None if confidence is None else float(np.quantile(slopes, confidence)),
+        exponent=exponent,
     )

@@ -11,6 +11,11 @@ model. It is computed once (``benchmarks/slope_prior.py``), stored beside this m
 length, and read by every study on that model (``--slope-prior``; ``auto`` reads the one recorded at
 the prompt length nearest the study's).
 
+**Shape.** A prior is fitted at one exponent (``loss = slope * KL^p``,
+:mod:`tuner.statistics.calibration`); a study reads only a prior fitted at its own
+``calibration_exponent`` (``p = 1`` files are ``<model>-<tokens>.json``, others
+``<model>-<tokens>-p<p>.json``).
+
 **The rule.** When the study's validation examples are fewer than the power curve asks for its
 budget (:meth:`SlopePrior.examples_needed`: the smallest replayed ``n`` whose rate of picks over
 budget on test is at most :attr:`SlopePrior.target_rate`; with no power curve recorded, every study
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.statistics.bootstrap import check_level
+from tuner.statistics.calibration import LINEAR, check_exponent, slope_unit
 
 PRIOR_DIR = Path(__file__).parent / "priors"
 """Where the packaged priors live, one ``<model>-<tokens>.json`` per model and grid prompt length."""
@@ -97,6 +103,7 @@ class SlopePrior:
             ``steepest`` (each dataset's own fit; the slope and every bound are the largest of them:
             a user's task is assumed as sensitive as the most sensitive one measured).
         datasets: per dataset of the grid, ``(name, examples, slope)``.
+        exponent: the shape ``p`` it was fitted at (slopes in points per nat^p).
     """
 
     model: str
@@ -115,6 +122,7 @@ class SlopePrior:
     scaling: str = "absolute"
     combine: str = "macro"
     datasets: tuple[tuple[str, int, float], ...] = ()
+    exponent: float = LINEAR
     format: int = field(default=FORMAT)
 
     def __post_init__(self) -> None:
@@ -122,6 +130,7 @@ class SlopePrior:
             raise ValueError(
                 f"slope prior format {self.format}: this version reads format {FORMAT}; rebuild it"
             )
+        check_exponent(self.exponent)
         if self.n_examples < 1 or not self.schedules:
             raise ValueError("a slope prior needs examples and schedules")
         if len(self.bounds) < 2:
@@ -153,8 +162,14 @@ class SlopePrior:
 
     @property
     def id(self) -> str:
-        """``model/task-tokens@sha`` (the first 12 hex digits of the rows' sha256): what a report names."""
-        return f"{self.model}/{self.task}-{self.max_prompt_tokens}@{self.source_sha256[:12]}"
+        """``model/task-tokens@sha`` (the first 12 hex digits of the rows' sha256; ``-p0.5`` after the
+        tokens for a prior fitted at another exponent than 1): what a report names."""
+        return f"{self.model}/{self.task}-{self.max_prompt_tokens}{exponent_suffix(self.exponent)}@{self.source_sha256[:12]}"
+
+    @property
+    def unit(self) -> str:
+        """Its slopes' unit (``points per nat``, or ``per nat^p``)."""
+        return slope_unit(self.exponent)
 
     def upper(self, level: float) -> float:
         """The slope's one-sided bound at ``level``, interpolated linearly between recorded levels."""
@@ -207,6 +222,7 @@ class SlopePrior:
             "scaling": self.scaling,
             "combine": self.combine,
             "datasets": [list(d) for d in self.datasets],
+            "exponent": self.exponent,
             "power": [vars(p) for p in self.power],
         }
 
@@ -229,6 +245,7 @@ class SlopePrior:
             scaling=str(data.get("scaling", "absolute")),
             combine=str(data.get("combine", "macro")),
             datasets=tuple((str(d[0]), int(d[1]), float(d[2])) for d in data.get("datasets", [])),
+            exponent=float(data.get("exponent", LINEAR)),
             format=int(data["format"]),
         )
 
@@ -250,10 +267,18 @@ class SlopePrior:
         return p
 
 
-def packaged_all(model: str) -> list[SlopePrior]:
-    """Every prior shipped for ``model`` (one per recorded prompt length), shortest prompts first."""
+def exponent_suffix(exponent: float) -> str:
+    """What a prior's file name and id add for its exponent: nothing at 1, ``-p0.5`` at 0.5."""
+    return "" if exponent == LINEAR else f"-p{exponent:g}"
+
+
+def packaged_all(model: str, exponent: float = LINEAR) -> list[SlopePrior]:
+    """Every prior shipped for ``model`` at ``exponent`` (one per recorded prompt length), shortest
+    prompts first."""
     found = [SlopePrior.load(p) for p in sorted(PRIOR_DIR.glob("*.json"))] if PRIOR_DIR.exists() else []
-    return sorted((p for p in found if p.model == model), key=lambda p: p.max_prompt_tokens)
+    return sorted(
+        (p for p in found if p.model == model and p.exponent == exponent), key=lambda p: p.max_prompt_tokens
+    )
 
 
 def nearest(priors: Sequence[SlopePrior], max_prompt_tokens: int | None) -> SlopePrior | None:
@@ -269,30 +294,39 @@ def nearest(priors: Sequence[SlopePrior], max_prompt_tokens: int | None) -> Slop
     return min(priors, key=lambda p: (abs(math.log(p.max_prompt_tokens / target)), p.max_prompt_tokens))
 
 
-def packaged(model: str, max_prompt_tokens: int | None = None) -> SlopePrior | None:
-    """The prior shipped for ``model`` nearest ``max_prompt_tokens`` (:func:`nearest`; None when none is)."""
-    return nearest(packaged_all(model), max_prompt_tokens)
+def packaged(model: str, max_prompt_tokens: int | None = None, exponent: float = LINEAR) -> SlopePrior | None:
+    """The prior shipped for ``model`` at ``exponent`` nearest ``max_prompt_tokens`` (:func:`nearest`;
+    None when none is)."""
+    return nearest(packaged_all(model, exponent), max_prompt_tokens)
 
 
-def resolve(spec: str, model: str, max_prompt_tokens: int | None = None) -> SlopePrior | None:
-    """``--slope-prior``: ``auto`` (the packaged prior of ``model`` nearest the study's prompt length,
-    if any), ``none``, or a file path (its model must be ``model``)."""
+def resolve(
+    spec: str, model: str, max_prompt_tokens: int | None = None, exponent: float = LINEAR
+) -> SlopePrior | None:
+    """``--slope-prior``: ``auto`` (the packaged prior of ``model`` at the calibration's ``exponent``
+    nearest the study's prompt length, if any), ``none``, or a file path (its model must be ``model``,
+    its exponent ``exponent``)."""
     if spec == "none":
         return None
     if spec == "auto":
-        return packaged(model, max_prompt_tokens)
+        return packaged(model, max_prompt_tokens, exponent)
     prior = SlopePrior.load(spec)
     if prior.model != model:
         raise ValueError(
             f"slope_prior = {spec!r} was measured on {prior.model!r}, not {model!r}; give that model's prior, "
             "auto or none"
         )
+    if prior.exponent != exponent:
+        raise ValueError(
+            f"slope_prior = {spec!r} was fitted at exponent {prior.exponent:g}, the calibration's is {exponent:g}; "
+            "give a prior fitted at that exponent (benchmarks/slope_prior.py --exponent), auto or none"
+        )
     return prior
 
 
-def packaged_path(model: str, max_prompt_tokens: int) -> Path:
-    """Where ``benchmarks/slope_prior.py`` stores ``model``'s prior for one prompt length."""
-    return PRIOR_DIR / f"{model}-{max_prompt_tokens}.json"
+def packaged_path(model: str, max_prompt_tokens: int, exponent: float = LINEAR) -> Path:
+    """Where ``benchmarks/slope_prior.py`` stores ``model``'s prior for one prompt length and exponent."""
+    return PRIOR_DIR / f"{model}-{max_prompt_tokens}{exponent_suffix(exponent)}.json"
 
 
 def sha256_of(path: str | Path) -> str:

@@ -153,6 +153,7 @@ class StudyOutcome:
                     # chosen on the bound at cal.level; is it certified at the study's confidence too?
                     meta["confirmation"] |= {
                         "decision_level": cal.level,
+                        "calibration_exponent": cal.exponent,
                         "predicted_task_loss_upper": upper,
                         "certified_at_level": upper <= self.confirmation.budget,
                     }

@@ -33,6 +33,7 @@ from lazyllm.models import DEFAULT_MODEL, DTYPES, parse_dtype
 from lazyllm.schedule import Revival
 from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task, task_help
 from tuner.evaluation.speed import CLOCKS
+from tuner.statistics.calibration import LINEAR, check_exponent
 from tuner.statistics.prior import SlopePrior
 from tuner.statistics.prior import resolve as resolve_prior
 from tuner.study.samplers import check_sampler, sampler_names
@@ -246,6 +247,13 @@ class SearchSettings(EvalSettings):
             "(benchmarks/decision_rule.py measures its error rate; intervals stay at --confidence)"
         ),
     )
+    calibration_exponent: float = field(
+        default=LINEAR,
+        metadata=_help(
+            "shape p of the calibration, task loss = slope x KL^p, in (0, 1]: 1 a straight line, 0.5 a square "
+            "root (concave: a small KL costs relatively more); the slope prior must be fitted at the same p"
+        ),
+    )
     confirm_k: int = field(
         default=CONFIRM_K_DEFAULT,
         metadata=_help(
@@ -340,6 +348,7 @@ class SearchSettings(EvalSettings):
                 f"decision_level = {self.decision_level}: must be in [0.5, confidence = {self.confidence}], "
                 "e.g. 0.6 (a decision is not made above the level it is reported at)"
             )
+        check_exponent(self.calibration_exponent)
         confirm_most = max(self.n_trials, CONFIRM_K_DEFAULT)
         if not 0 <= self.confirm_k <= confirm_most:
             raise ValueError(
@@ -406,7 +415,9 @@ class SearchSettings(EvalSettings):
     def prior(self) -> SlopePrior | None:
         """The slope prior ``slope_prior`` names, read once (None: ``none``, or ``auto`` with no
         packaged prior for this model)."""
-        return resolve_prior(self.slope_prior, self.model_slug, self.max_prompt_tokens)
+        return resolve_prior(
+            self.slope_prior, self.model_slug, self.max_prompt_tokens, self.calibration_exponent
+        )
 
     def fresh_source(self) -> FreshSource:
         """The prompts of the fresh-drift check (:func:`tuner.stages.rule.pooled_rule`, step 5): open-QA

@@ -240,6 +240,7 @@ class Tracker:
         params.update(
             sampler=self.settings.sampler,
             seed=self.settings.seed,
+            calibration_exponent=self.settings.calibration_exponent,
             storage=redact_url(self.settings.storage_url),
         )
         return params

@@ -147,13 +147,33 @@ def test_calibration_plot_shows_points_fit_bound_and_budget(tmp_path: Path) -> N
         and ax.get_ylabel() == "task-score loss (score points)"
     )
     lines = {line.get_label(): line for line in ax.get_lines()}
-    assert lines["pooled fit: 8.0 points per nat"].get_ydata()[1] == pytest.approx(8.0 * 0.2 * 1.15)
+    assert lines["pooled fit: 8.0 points per nat"].get_ydata()[-1] == pytest.approx(8.0 * 0.2 * 1.15)
     assert tuple(lines["budget 2 score points"].get_ydata()) == (2.0, 2.0)
     assert tuple(lines["KL cap 0.1667 nats"].get_xdata()) == pytest.approx((2.0 / 12.0,) * 2)
     assert "2 schedules x n = 13" in ax.get_title()
     written = {p.name for p in write_outcome(outcome, tmp_path)}
     assert {"calibration.png", "calibration.html"} <= written
     assert "calibration.png" not in {p.name for p in write_outcome(_outcome(), tmp_path / "plain")}
+
+
+def test_a_concave_calibration_is_drawn_as_its_curve_with_its_unit() -> None:
+    cal = Calibration(8.0, 12.0, 0.9, 13, (1, 2), 0.2, ((1, 0.02, 0.1), (2, 0.2, 1.7)), exponent=0.5)
+    cands = tuple(
+        CandidateResult(t, (0.0,), 1.5, kl, "scored", _est(loss), "why") for t, kl, loss in cal.points
+    )
+    fig = calibration_figure(_outcome(confirmation=Confirmation(2.0, 0.9, cands, 13, 3, "pooled", cal)))
+    assert fig is not None
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    fit, bound = (
+        lines["pooled fit: 8.0 points per nat^0.5"],
+        lines["90% upper bound: 12.0 points per nat^0.5"],
+    )
+    x, y = fit.get_xdata(), fit.get_ydata()
+    assert y[-1] == pytest.approx(8.0 * (0.2 * 1.15) ** 0.5) and y[len(y) // 2] == pytest.approx(
+        8.0 * x[len(x) // 2] ** 0.5
+    )
+    assert bound.get_ydata()[-1] == pytest.approx(12.0 * (0.2 * 1.15) ** 0.5)
+    assert tuple(lines["KL cap 0.0278 nats"].get_xdata()) == pytest.approx(((2.0 / 12.0) ** 2,) * 2)
 
 
 def test_recommendation_is_confirmed_provisional_or_absent(tmp_path: Path) -> None:

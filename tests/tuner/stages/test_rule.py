@@ -346,3 +346,36 @@ def test_the_replay_reports_the_speed_kept_by_an_oracle_of_the_validation_pool()
     assert row["speed_kept_by_pool_oracle"] == pytest.approx(1.4 / 1.9)
     assert row["speed_kept"] <= row["speed_kept_by_pool_oracle"] + 1e-9  # this rule picks trial 1 at best
     assert bench.best_on_pool(grid, 0.1) == 1.0  # only keep-all (KL 0) is within 0.1 points
+
+
+def test_a_concave_calibration_refuses_the_slow_schedule_the_line_under_predicts() -> None:
+    """Trials 1 and 2 drift 0.019 and 0.19 nats (mean over the examples) and lose 40 points per nat:
+    0.76 and 7.6. The square root through both predicts 2.01 at 0.019 (14.6 points per nat^0.5 x
+    0.138): over a 2-point budget, where the line predicts 0.76; the replay runs the product's rule at
+    the exponent it is given (at 1.5 points: its draws move the KLs by a third either way)."""
+    root = rule.pooled_rule(
+        RECORDS,
+        FidelityLoss(1.0),
+        ScoreLoss(2.0),
+        6,
+        WEIGHTS,
+        _evidence,
+        level=0.6,
+        confidence=0.9,
+        exponent=0.5,
+    )
+    assert root.calibration is not None and root.calibration.exponent == 0.5
+    assert root.calibration.slope == pytest.approx(8.36 / (0.019**0.5 + 0.19**0.5))
+    assert [v.ok for v in root.verdicts] == [False, False, True] and root.picked.number == 0  # type: ignore[union-attr]
+    assert "predicted task loss 2.01 (upper bound 2." in root.verdicts[1].why
+    bench = load_benchmark("decision_rule")
+    grid = _grid(bench)
+    line, curved = (
+        bench.replay(grid, 1.5, [10], resamples=4, settings=[bench.RuleSetting(k=6, exponent=p)])[0]
+        for p in (1.0, 0.5)
+    )
+    assert line["most_common_pick"] == "1" and curved["most_common_pick"] == "0"
+    assert (
+        curved["rule"].startswith("pooled, k 6") and "KL^0.5" in curved["rule"] and curved["exponent"] == 0.5
+    )
+    assert curved["default"] and line["default"]  # the study's knobs at either shape: a power curve each

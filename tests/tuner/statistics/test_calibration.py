@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from tuner.statistics.bootstrap import macro_weights
-from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
+from tuner.statistics.calibration import Calibration, ScoredSchedule, check_exponent, fit
 
 
 def _simulate(
@@ -102,3 +104,47 @@ def test_a_measured_gain_is_no_evidence_of_one() -> None:
     assert cal.examples_to_certify(0.299, 2.0) == 13  # at the decision level it is certified
     negative = Calibration(-4.94, -2.43, 0.6, 13, (41,), 0.299, ((41, 0.299, -1.29),), 0.9, -1.0)
     assert negative.upper_at_confidence(0.299) == 0.0  # no cost even at 90%, not a gain
+
+
+def _simulate_concave(
+    slope: float, n: int, kls: list[float], seed: int
+) -> tuple[list[ScoredSchedule], dict[str, float]]:
+    """Task loss = slope x sqrt(KL) per schedule, on top of per-example noise that averages out."""
+    rng = np.random.default_rng(seed)
+    keys = [f"{'ab'[i % 2]}/{i}" for i in range(n)]
+    scored = []
+    for s, k in enumerate(kls):
+        kl = np.full(n, k) * rng.uniform(0.5, 1.5, size=n)
+        kl *= k / float(kl.mean())  # the mean KL is exactly k on every example set
+        task = np.full(n, slope * k**0.5) + rng.normal(0.0, 1.0, size=n)
+        task += slope * k**0.5 - float(task.mean())
+        scored.append(ScoredSchedule(s, dict(zip(keys, kl.tolist())), dict(zip(keys, task.tolist()))))
+    return scored, {k: 1.0 for k in keys}
+
+
+def test_a_concave_calibration_fits_the_square_root_and_inverts_it_for_the_cap() -> None:
+    scored, weights = _simulate_concave(6.0, 200, [0.01, 0.09, 0.25], seed=3)
+    cal = fit(scored, weights, level=0.9, exponent=0.5)
+    assert cal is not None and cal.exponent == 0.5 and cal.unit == "points per nat^0.5"
+    assert cal.slope == pytest.approx(6.0, rel=1e-9)  # sum T / sum sqrt(K) on exact means
+    assert 6.0 < cal.slope_upper < 6.5  # resampled at the same shape: the bound sits just above it
+    est, up = cal.predicted(0.04)
+    assert est == pytest.approx(6.0 * 0.2) and up == pytest.approx(cal.slope_upper * 0.2)
+    assert cal.max_kl(1.0) == pytest.approx((1.0 / cal.slope_upper) ** 2)
+    assert cal.upper_at_confidence(0.04) is None and cal.predicted(0.0) == (0.0, 0.0)
+    line = fit(scored, weights, level=0.9)
+    assert line is not None and line.exponent == 1.0 and line.unit == "points per nat"
+    # the straight line through the same points under-predicts the slow schedule, the square root does not
+    assert line.predicted(0.01)[0] < 0.5 * 6.0 * 0.1 and cal.predicted(0.01)[0] == pytest.approx(0.6)
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+    stored_before = {k: v for k, v in line.to_dict().items() if k != "exponent"}
+    assert Calibration.from_dict(stored_before).exponent == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.5, True, "0.5", float("nan")])
+def test_an_exponent_outside_zero_to_one_is_one_line(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"calibration exponent = .*: must be a number in \(0, 1\]"):
+        check_exponent(bad)  # type: ignore[arg-type]
+    scored, weights = _simulate_concave(6.0, 20, [0.1], seed=0)
+    with pytest.raises(ValueError, match="calibration exponent"):
+        fit(scored, weights, level=0.9, exponent=bad)  # type: ignore[arg-type]

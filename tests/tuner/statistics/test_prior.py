@@ -271,3 +271,31 @@ def test_a_calibration_that_sees_no_cost_is_floored_whatever_its_size() -> None:
     assert (
         kept.floor is not None and not kept.floor.applied and (kept.slope, kept.slope_upper) == (20.0, 25.0)
     )
+
+
+def test_a_prior_is_read_only_at_the_exponent_it_was_fitted_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line, root = _prior(12.0, tokens=2048), SlopePrior(**{**vars(_prior(5.0, tokens=2048)), "exponent": 0.5})
+    assert root.id == "smollm2-135m/openqa-2048-p0.5@" + "ab" * 6 and root.unit == "points per nat^0.5"
+    assert SlopePrior.load(root.save(tmp_path / "r.json")) == root
+    monkeypatch.setattr(prior_module, "PRIOR_DIR", tmp_path)
+    line.save(packaged_path("smollm2-135m", 2048))
+    root.save(packaged_path("smollm2-135m", 2048, 0.5))
+    assert packaged_path("smollm2-135m", 2048, 0.5).name == "smollm2-135m-2048-p0.5.json"
+    assert SearchSettings(max_prompt_tokens=2048).prior == line
+    assert SearchSettings(max_prompt_tokens=2048, calibration_exponent=0.5).prior == root
+    assert (
+        packaged("smollm2-135m", 2048, 0.75) is None
+    )  # none fitted at 0.75: no floor rather than a wrong one
+    with pytest.raises(ValueError, match=r"fitted at exponent 0\.5, the calibration's is 1; give a prior"):
+        SearchSettings(slope_prior=str(tmp_path / "r.json"))
+    with pytest.raises(ValueError, match=r"fitted at exponent 1, the calibration at 0\.5"):
+        Calibration(3.0, 5.0, 0.6, 13, (1,), 0.4, ((1, 0.3, 0.9),), exponent=0.5).floored(line, 2.0)
+    floored = Calibration(3.0, 5.0, 0.6, 13, (1,), 0.4, ((1, 0.3, 0.9),), 0.9, 7.0, exponent=0.5).floored(
+        root, 2.0
+    )
+    assert (floored.slope, floored.slope_upper, floored.slope_upper_confidence) == (5.0, 6.0, 9.0)
+    assert "(bound 6.0) points per nat^0.5" in floored.floor_text()
+    with pytest.raises(ValueError, match="calibration exponent = 2"):
+        SearchSettings(calibration_exponent=2.0)
