@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from tuner.stages.decision import Certainty, Decision, TrialTiming, decide
+from tuner.statistics.calibration import LINEAR, Calibration
 from tuner.study.outcome import StudyOutcome
 
 BOUND = {
@@ -59,11 +60,22 @@ def certainty_sentence(c: Certainty | None) -> str:
 
 
 def power_sentence(d: Decision) -> str:
-    """How many validation examples the budget needs by the power curve, and whether the slope prior
-    floored the calibration (empty without a calibration)."""
+    """The calibration's shape where it is not a straight line, how many validation examples the budget
+    needs by the power curve, and whether the slope prior floored the calibration (empty without a
+    calibration)."""
     cal = d.calibration
     if cal is None:
         return ""
+    shape = (
+        ""
+        if cal.exponent == LINEAR
+        else f"The calibration fits task loss as slope x KL^{cal.exponent:g} (--calibration-exponent; slopes in "
+        f"{cal.unit}). "
+    )
+    return shape + _floor_sentence(d, cal)
+
+
+def _floor_sentence(d: Decision, cal: Calibration) -> str:
     f = cal.floor
     if f is None:
         return (

@@ -229,3 +229,26 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
         "The front's KL was not re-measured on prompts the search never saw: no open-QA folder: pass "
         "--openqa-dir DIR or set OPENQA_DIR. "
     )
+
+
+def test_a_square_root_calibration_is_named_in_the_paragraph_with_its_units() -> None:
+    """The preset's calibration (loss = slope x sqrt(KL)): the paragraph says so, its numbers carry
+    points per nat^0.5, and trial 2 (KL 0.3) is predicted at the square root: 5 x 0.548 = 2.74."""
+    import dataclasses
+
+    from tuner.stages.decision import decide
+
+    outcome = decision_outcome(0.4, slope=4.0, slope_upper=5.0, max_scored=0.5, at_90=8.0)
+    assert outcome.confirmation is not None and outcome.confirmation.calibration is not None
+    root = dataclasses.replace(outcome.confirmation.calibration, exponent=0.5)
+    root_outcome = dataclasses.replace(
+        outcome, confirmation=dataclasses.replace(outcome.confirmation, calibration=root)
+    )
+    d = decide(root_outcome, TIMING)
+    assert power_sentence(d).startswith(
+        "The calibration fits task loss as slope x KL^0.5 (--calibration-exponent; slopes in points per nat^0.5). "
+        "No slope prior was given"
+    )
+    text = explain(root_outcome, TIMING)
+    assert "predicted to lose 2.19 score points (upper bound 2.74, 60%)" in text  # 4 and 5 x sqrt(0.3)
+    assert "KL^" not in power_sentence(decide(outcome, TIMING))  # the straight line says nothing of its shape
