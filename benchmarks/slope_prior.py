@@ -29,7 +29,13 @@ import numpy as np
 
 from tuner.data.longbench import unit_hash
 from tuner.statistics.bootstrap import macro_weights, weighted_mean
-from tuner.statistics.calibration import LINEAR, ScoredSchedule, bootstrap_slopes, check_exponent
+from tuner.statistics.calibration import (
+    LINEAR,
+    ScoredSchedule,
+    bootstrap_slopes,
+    check_exponent,
+    pooled_slope,
+)
 from tuner.statistics.prior import (
     COMBINES,
     SCALINGS,
@@ -107,12 +113,7 @@ def fit_slope(
         return None
     _, kl_means, tl_means, slopes = boot
     bounds = tuple((lv, float(np.quantile(slopes, lv))) for lv in LEVELS)
-    return (
-        float(tl_means.sum() / (np.clip(kl_means, 0.0, None) ** exponent).sum()),
-        bounds,
-        kl_means,
-        tl_means,
-    )
+    return pooled_slope(kl_means, tl_means, exponent), bounds, kl_means, tl_means
 
 
 def main(argv: Sequence[str] | None = None) -> int:

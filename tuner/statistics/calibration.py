@@ -359,6 +359,12 @@ class Calibration:
         )
 
 
+def pooled_slope(kl_means: np.ndarray, tl_means: np.ndarray, exponent: float = LINEAR) -> float:
+    """The pooled ratio through the origin ``sum_s T_s / sum_s K_s^p`` of the schedules' means (a
+    mean KL is >= 0 but for rounding)."""
+    return float(tl_means.sum() / (np.clip(kl_means, 0.0, None) ** exponent).sum())
+
+
 def bootstrap_slopes(
     scored: Sequence[ScoredSchedule],
     weights: Mapping[str, float],
@@ -413,7 +419,7 @@ def fit(
         return None
     keys, kl_means, tl_means, slopes = boot
     return Calibration(
-        slope=float(tl_means.sum() / (np.clip(kl_means, 0.0, None) ** exponent).sum()),
+        slope=pooled_slope(kl_means, tl_means, exponent),
         slope_upper=float(np.quantile(slopes, level)),
         level=level,
         n_examples=len(keys),
