@@ -404,16 +404,6 @@ class FidelityEvaluator:
                 self.cache.save()
                 bar.update(len(chunk))
 
-    def _baselines_of(self, examples: Sequence[Any], prefix_of: Callable[[Any], PromptPrefix | None]) -> None:
-        """The baseline answers ``examples`` lack, resumed from their unpruned prefills (``prefix_of``;
-        None: the whole prefill) and decoded together: the same answers as :meth:`Evaluator.baseline`."""
-        ev = self.evaluator
-        todo = [ex for ex in examples if ex.key not in ev.cache.entries]
-        if todo:
-            for ex, result in zip(todo, run_examples([(self.keep_all, ex, prefix_of(ex)) for ex in todo])):
-                ev.record_baseline(ex, result)
-            ev.cache.save()
-
     def _matches(self, ref: Reference, entry: Any, example: Any) -> bool:
         """``ref`` was forced along ``entry``'s answer (and ``example``'s gold answer, if measured)."""
         vocab = int(self.evaluator.model.config.vocab_size)
@@ -503,7 +493,7 @@ class FidelityEvaluator:
                 if kl:
                     refs = self._references_of(chunk, prefix_of, progress=False)
                 else:
-                    self._baselines_of(chunk, prefix_of)
+                    ev.baseline(chunk, resume=(self.keep_all, prefix_of))
                 runs = [(engine, ex, prefixes[ex.key]) for ex in chunk for engine in engines.values()]
                 along = (
                     [tuple(refs[ex.key].answer_ids.tolist()) for ex in chunk for _ in engines] if kl else None

@@ -548,15 +548,24 @@ class Evaluator:
         }
         self.cache = BaselineCache.open(Path(cache_dir), fingerprint)
 
-    def baseline(self, examples: Sequence[Example] | None = None) -> dict[str, BaselineEntry]:
+    def baseline(
+        self,
+        examples: Sequence[Example] | None = None,
+        *,
+        resume: tuple[Generator, Callable[[Example], PromptPrefix | None]] | None = None,
+    ) -> dict[str, BaselineEntry]:
         """Unpruned prediction, score and timings per example key of ``examples`` (default: all),
-        computed once, then read from the cache."""
+        computed once, then read from the cache. ``resume`` = (a keep-all engine, the unpruned
+        prefill of an example or None) decodes the missing answers from prefills already captured:
+        the same answers, without a progress bar (the caller shows its own)."""
         wanted = list(self.examples if examples is None else examples)
         missing = [ex for ex in wanted if ex.key not in self.cache.entries]
+        engine, prefix_of = resume or (self.baseline_engine, lambda ex: None)
+        show = self.progress and bool(missing) and resume is None
         # a context: a Ctrl-C closes the bar before the command prints its last line
-        with tqdm(total=len(missing), desc="baseline", disable=not self.progress or not missing) as bar:
+        with tqdm(total=len(missing), desc="baseline", disable=not show) as bar:
             for chunk in chunks(missing, DEFAULT_BATCH_SIZE):  # decoded together, saved per chunk
-                results = run_examples([(self.baseline_engine, ex, None) for ex in chunk])
+                results = run_examples([(engine, ex, prefix_of(ex)) for ex in chunk])
                 for ex, result in zip(chunk, results):
                     self.record_baseline(ex, result)
                 self.cache.save()

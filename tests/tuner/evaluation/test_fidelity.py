@@ -195,7 +195,11 @@ def _count_unpruned_prefills(fid: FidelityEvaluator) -> tuple[list[int], list[in
 
     fid.keep_all.capture_prefix = lambda ids: captures.append(1) or capture(ids)  # type: ignore[method-assign]
     fid.keep_all._forward = counted_forward  # type: ignore[method-assign]
-    fid.evaluator.baseline_engine.generate = None
+
+    def refuse(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("the evaluator's own baseline generator ran a prefill")
+
+    fid.evaluator.baseline_engine._forward = refuse
     return captures, full_prefills
 
 
