@@ -63,14 +63,26 @@ def peer_rules(model: str, layers: int) -> dict[str, Schedule]:
         "fastkv rule 30% after each quarter": Schedule.from_layers(model, layers, dict.fromkeys(quarters, 30)).with_scoring("fastkv"),
         f"fastkv rule keep=30% after layer {mid}": Schedule.from_layers(model, layers, {mid: 70}).with_scoring("fastkv"),
         f"gemfilter rule keep=50% after layer {late}": Schedule.from_layers(model, layers, {late: 50}).with_scoring("gemfilter"),
+        "fastkv rule 20% after each quarter": Schedule.from_layers(model, layers, dict.fromkeys(quarters, 20)).with_scoring("fastkv"),
     }  # fmt: skip
 
 
 def search_picks(model: str, layers: int) -> dict[str, Schedule]:
     """What README studies recommended (SmolLM2, 30 layers): seed 0's pick keeps 40% after layer 14
-    with FastKV's rule (2026-12-01). Other depths get the same shape at the same relative depth."""
-    at = round(14 * layers / 30)
-    return {f"search pick: fastkv rule keep=40% after layer {at}": Schedule.from_layers(model, layers, {at: 60}).with_scoring("fastkv")}  # fmt: skip
+    with FastKV's rule (2026-12-01); the open-QA preset's picks at 2048 tokens, seeds 0, 1 and 2
+    (2026-12-04, GemFilter's rule: drop 80% after layer 25; 25% after 21; 50% after 22 and 25% after
+    25). Other depths get the same shapes at the same relative depths (never the last layer, which
+    cannot prune)."""
+
+    def at(layer: int) -> int:
+        return min(layers - 2, round(layer * layers / 30))
+
+    return {
+        f"search pick: fastkv rule keep=40% after layer {at(14)}": Schedule.from_layers(model, layers, {at(14): 60}).with_scoring("fastkv"),
+        f"preset pick: gemfilter rule drop 80% after layer {at(25)}": Schedule.from_layers(model, layers, {at(25): 80}).with_scoring("gemfilter"),
+        f"preset pick: gemfilter rule drop 25% after layer {at(21)}": Schedule.from_layers(model, layers, {at(21): 25}).with_scoring("gemfilter"),
+        f"preset pick: gemfilter rule drop 50% after layer {at(22)}, 25% after {at(25)}": Schedule.from_layers(model, layers, {at(22): 50, at(25): 25}).with_scoring("gemfilter"),
+    }  # fmt: skip
 
 
 def grid(
