@@ -84,6 +84,7 @@ class GridSchedule:
     baselines: Mapping[str, float] = field(default_factory=dict)  # validation key -> unpruned score, points
     test_kl: float | None = None  # macro mean KL on test, nats (None: the rows have no test KL)
     test_interval: tuple[float, float] | None = None  # 90% interval of test_loss (None: not recorded)
+    control: bool = False  # the recorder's keep-all control (its loss is noise): shown, never replayed
 
 
 @dataclass(frozen=True)
@@ -190,9 +191,11 @@ def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5)
     names = [n for n in names if n in seen.values()]
     if len(rows) < 2 or not names:
         raise ValueError(f"{validation} and {test}: no LazyLLM schedule recorded on both splits")
+    candidates = [n for n in names if schedules[n].get("family") != "control"] or names
+    shared = {sp: set.intersection(*(set(rows[sp][n]) for n in candidates)) for sp in rows}
     out = []
-    for name in names:
-        keys = {sp: set.intersection(*(set(rows[sp][n]) for n in names)) for sp in rows}
+    for name in names:  # on the examples every candidate holds (a control recorded on fewer: on its own)
+        keys = {sp: shared[sp] & set(rows[sp][name]) for sp in rows}
         val = {k: rows["validation"][name][k] for k in sorted(keys["validation"])}
         tst = [rows["test"][name][k] for k in sorted(keys["test"])]
         if not val or not tst:
@@ -211,7 +214,7 @@ def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5)
                 {k: (float(r["kl_nats_per_token"]), 100.0 * (r["baseline_score"] - r["score"])) for k, r in val.items()},
                 datasets, test_est.value, {k: 100.0 * r["baseline_score"] for k, r in val.items()},
                 weighted_mean([float(r["kl_nats_per_token"]) for r in tst], macro_weights([r["dataset"] for r in tst])),
-                (test_est.low, test_est.high),
+                (test_est.low, test_est.high), schedules[name].get("family") == "control",
             )
         )  # fmt: skip
     return out
@@ -558,11 +561,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if per_example
         else load_grid(Path(args.rows))
     )
+    controls, grid = [g for g in grid if g.control], [g for g in grid if not g.control]
+    if not grid:
+        p.error(f"{args.rows}: no schedule but the keep-all control")
     pool, n_test = split_sizes(grid)
     sizes = [pool] if args.sizes is None else [int(s) for s in args.sizes.split(",")]
     print(f"{len(grid)} schedules, {pool} validation / {n_test} test examples")
     if args.schedules:
-        print(schedule_table(grid))
+        print(schedule_table(controls + grid))
         print(shape_table(grid))
     if args.plot:
         title = f"{Path(args.rows).stem}"

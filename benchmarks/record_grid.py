@@ -11,7 +11,8 @@ depth; ``peer-rules``: LazyLLM schedules ranking tokens by the peers' scoring ru
 GemFilter's (:mod:`lazyllm.scoring`); ``search-picks``: schedules README studies recommended; a
 schedule in two families keeps its first name; with ``--peers``, ``peers``: every
 :func:`lazyllm.methods.peer_names` method keeping 10/30/50% of the prompt, which have no KL and
-which the decision rule's replay cannot pick),
+which the decision rule's replay cannot pick); and ``control``: the unpruned model run exactly as the
+schedules are (its task loss is the measurement's noise floor; the replay and the prior leave it out),
 one JSON line is appended to ``--out``: the task score (:meth:`Evaluator.evaluate`), the unpruned
 score (the baseline), the mean teacher-forced KL per answer token in nats and top-1 agreement
 (:meth:`tuner.evaluation.fidelity.FidelityEvaluator.example_drift`; null for the peers, which are not
@@ -53,6 +54,8 @@ from tuner.study.handmade import hand_made_grid, one_stage_grid
 from tuner.study.settings import EvalSettings
 
 PEER_KEEPS = (0.1, 0.3, 0.5)
+CONTROL = "control"
+"""The family of the keep-all control row, which the replay and the prior builder leave out."""
 
 
 def peer_rules(model: str, layers: int) -> dict[str, Schedule]:
@@ -102,6 +105,10 @@ def grid(
             frozen = schedule.with_revival("frozen")
             if all(frozen != s for _, _, s, _ in out.values()):  # one name per schedule (the first)
                 out[name] = (family, "lazyllm", frozen, {})
+    # the measurement's noise floor: the unpruned model through the schedules' path (resumed from the
+    # captured prefix, decoded in their batch), against the baseline's answer; never a candidate
+    keep_all = Schedule.keep_all(model, layers).with_revival("frozen")
+    out["keep-all (control)"] = (CONTROL, "lazyllm", keep_all, {})
     for peer in peer_names() if peers else ():
         knob = METHODS[peer].size_knob
         assert knob is not None

@@ -60,7 +60,8 @@ def distinct(path: Path, rows: dict[str, dict[str, Any]]) -> list[str]:
     table = json.loads(path.with_suffix(".schedules.json").read_text(encoding="utf-8"))
     best: dict[str, str] = {}
     for name in sorted(rows, key=lambda n: -len(rows[n])):
-        best.setdefault(json.dumps(table[name]["schedule"], sort_keys=True), name)
+        if table[name].get("family") != "control":  # the recorder's keep-all: noise, not a cost of KL
+            best.setdefault(json.dumps(table[name]["schedule"], sort_keys=True), name)
     return sorted(best.values())
 
 

@@ -36,11 +36,16 @@ def test_the_grid_records_both_splits_and_resumes(
         v["family"] for v in table.values()
     }
     assert all(v["schedule"] for v in table.values())  # no peer method without --peers: the replay needs KL
+    assert [n for n, v in table.items() if v["family"] == "control"] == ["keep-all (control)"]
     for split in ("validation", "test"):
         rows = _rows(tmp_path / f"grid-{split}.jsonl")
         assert len(rows) == 4 * len(table)  # 2 examples per dataset x every schedule, once each
         assert len({(r["schedule"], r["example"]) for r in rows}) == len(rows)
         assert all(r["kl_nats_per_token"] is not None and r["kl_nats_per_token"] >= 0 for r in rows)
+        # the control runs the unpruned model as the schedules run: no drift from the reference
+        control = [r for r in rows if r["schedule"] == "keep-all (control)"]
+        assert len(control) == 4 and all(r["kl_nats_per_token"] < 1e-4 for r in control)
+        assert all(r["flop_speedup"] == pytest.approx(1.0) for r in control)
         first = [r["dataset"] for r in rows if r["schedule"] == rows[0]["schedule"]]
         assert first == ["hotpotqa-long", "squad-long", "hotpotqa-long", "squad-long"]  # alternating
     val = {r["example"] for r in _rows(tmp_path / "grid-validation.jsonl")}

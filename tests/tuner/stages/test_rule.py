@@ -209,6 +209,7 @@ def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> N
     (tmp_path / "validation.schedules.json").write_text(json.dumps(table))
     grid = bench.load_example_rows(tmp_path / "validation.jsonl", tmp_path / "test.jsonl")
     assert [g.name for g in grid] == ["keep-all", "half"]  # the peer has no KL
+    assert not any(g.control for g in grid)
     half = grid[1]
     assert sorted(half.validation) == ["d/validation0", "d/validation1"]  # the shared examples only
     assert half.validation["d/validation0"] == (0.1, 25.0) and half.test_loss == pytest.approx(25.0)
@@ -217,6 +218,44 @@ def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> N
     rows = bench.schedule_table(list(reversed(grid))).splitlines()[2:]
     assert [r.split(" | ")[0] for r in rows] == ["| keep-all", "| half"]
     assert rows[1].endswith("| 1.10x | 0.100 | 25.00 [25.00, 25.00] | 0.100 | 25.00 [25.00, 25.00] |")
+
+
+def test_the_recorders_keep_all_control_is_shown_and_never_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The grid's ``control`` row (the unpruned model run as the schedules are: the noise floor) is a
+    row of --schedules and no candidate of the rule, nor part of the grid it is replayed on."""
+    import json
+
+    bench = load_benchmark("decision_rule")
+    table = {
+        "quarter": {"schedule": Schedule("m", (0.0, 25.0, 0.0, 0.0)).to_json(), "family": "one-stage"},
+        "half": {"schedule": Schedule("m", (0.0, 50.0, 0.0, 0.0)).to_json(), "family": "one-stage"},
+        "keep-all (control)": {"schedule": Schedule.keep_all("m", 4).to_json(), "family": "control"},
+    }
+    for split in ("validation", "test"):
+        lines = [
+            {"schedule": name, "example": f"{d}/{split}{i}", "dataset": d, "score": score, "baseline_score": 0.5,
+             "kl_nats_per_token": kl, "flop_speedup": speed}
+            for i in range(4) for d in ("h", "s")
+            for name, kl, score, speed in (("quarter", 0.01, 0.5, 1.1), ("half", 0.1, 0.45, 1.3),
+                                           ("keep-all (control)", 0.0, 0.4 + 0.2 * (i % 2), 1.0))
+            if name != "keep-all (control)" or i < 3 or split == "test"  # the control lacks validation 3
+        ]  # fmt: skip
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "validation.schedules.json").write_text(json.dumps(table))
+    out = tmp_path / "replay.json"
+    argv = ["--rows", str(tmp_path / "validation.jsonl"), "--test-rows", str(tmp_path / "test.jsonl"),
+            "--schedules", "--sizes", "4", "--resamples", "4", "--settings", "default", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "2 schedules, 8 validation / 8 test examples" in printed  # the control's gap shrinks nothing
+    control = next(line for line in printed.splitlines() if line.startswith("| keep-all (control) |"))
+    # on its own 6 validation examples: 0.4, 0.6, 0.4 per dataset against 0.5 lose 3.33 points
+    want = "| keep-all (control) | 1.00x | 0.000 | 3.33 [-3.33, 10.00] | 0.000 | -0.00 [-5.00, 5.00] |"
+    assert control == want
+    picks = {r["most_common_pick"] for r in json.loads(out.read_text())["results"]}
+    assert "keep-all (control)" not in picks
 
 
 def test_the_shape_table_finds_the_exponent_the_losses_were_made_with() -> None:

@@ -159,7 +159,8 @@ def test_the_builder_fits_the_product_estimator_on_grid_rows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rows = tmp_path / "grid.jsonl"
-    table = {"a": {"schedule": {"p": 1}}, "b": {"schedule": {"p": 2}}, "b twin": {"schedule": {"p": 2}}}
+    table = {"a": {"schedule": {"p": 1}}, "b": {"schedule": {"p": 2}}, "b twin": {"schedule": {"p": 2}},
+             "keep-all (control)": {"schedule": {"p": 0}, "family": "control"}}  # fmt: skip
     rows.with_suffix(".schedules.json").write_text(json.dumps(table))
     lines = []
     for i in range(12):
@@ -167,6 +168,9 @@ def test_the_builder_fits_the_product_estimator_on_grid_rows(
         for name, kl, lost in (("a", 0.1 * (1 + i % 3), 0.5 * (i % 3 == 0)), ("b", 0.3, float(i % 4 == 0))):
             lines.append({"schedule": name, "example": ex, "dataset": ds, "kl_nats_per_token": kl,
                           "score": 1.0 - lost, "baseline_score": 1.0})  # fmt: skip
+        # the recorder's keep-all control: its noise would add loss at no KL; left out
+        lines.append({"schedule": "keep-all (control)", "example": ex, "dataset": ds, "kl_nats_per_token": 0.0,
+                      "score": 0.5, "baseline_score": 1.0})  # fmt: skip
         if i < 2:  # an older name of schedule b, on two examples only: left out
             lines.append({"schedule": "b twin", "example": ex, "dataset": ds, "kl_nats_per_token": 0.3,
                           "score": 1.0, "baseline_score": 1.0})  # fmt: skip
