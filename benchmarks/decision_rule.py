@@ -191,7 +191,8 @@ def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5)
     names = [n for n in names if n in seen.values()]
     if len(rows) < 2 or not names:
         raise ValueError(f"{validation} and {test}: no LazyLLM schedule recorded on both splits")
-    candidates = [n for n in names if schedules[n].get("family") != "control"] or names
+    controls = {n for n in names if schedules[n].get("family") == "control"}  # benchmarks/record_grid.py's
+    candidates = [n for n in names if n not in controls] or names
     shared = {sp: set.intersection(*(set(rows[sp][n]) for n in candidates)) for sp in rows}
     out = []
     for name in names:  # on the examples every candidate holds (a control recorded on fewer: on its own)
@@ -214,7 +215,7 @@ def load_example_rows(validation: Path, test: Path | None, holdout: float = 0.5)
                 {k: (float(r["kl_nats_per_token"]), 100.0 * (r["baseline_score"] - r["score"])) for k, r in val.items()},
                 datasets, test_est.value, {k: 100.0 * r["baseline_score"] for k, r in val.items()},
                 weighted_mean([float(r["kl_nats_per_token"]) for r in tst], macro_weights([r["dataset"] for r in tst])),
-                (test_est.low, test_est.high), schedules[name].get("family") == "control",
+                (test_est.low, test_est.high), name in controls,
             )
         )  # fmt: skip
     return out
