@@ -544,6 +544,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=EXPONENT,
         help="the calibration's shape p, task loss = slope x KL^p (a study's --calibration-exponent)",
     )
+    p.add_argument(
+        "--decision-level",
+        type=float,
+        default=None,
+        help=f"with --confirm-k: the level of the predicted-loss bound that picks (a study's --decision-level; "
+        f"default {DECISION_LEVEL:g})",
+    )
     args = p.parse_args(argv)
     budgets = [float(b) for b in args.budget.split(",")]
     try:
@@ -576,7 +583,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"written: {write_figure(grid_figure(grid, budgets, title), Path(args.plot))}")
     settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
     if args.confirm_k is not None:
-        settings = (RuleSetting(k=args.confirm_k),)
+        settings = (RuleSetting(k=args.confirm_k, level=args.decision_level or DECISION_LEVEL),)
+    elif args.decision_level is not None:
+        p.error("--decision-level replays one rule: give --confirm-k too")
     settings = tuple(replace(s, exponent=exponent) for s in settings)
     results = []
     for budget in budgets:

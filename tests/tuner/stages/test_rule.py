@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -191,8 +192,6 @@ def test_the_benchmark_replays_the_fresh_drift_check_of_the_products_rule(
 def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> None:
     """benchmarks/record_grid.py's rows (one file per split): LazyLLM schedules with a KL, on the
     examples every schedule holds in both files."""
-    import json
-
     bench = load_benchmark("decision_rule")
     table = {
         "keep-all": {"schedule": Schedule.keep_all("m", 4).to_json()},
@@ -220,14 +219,9 @@ def test_the_benchmark_reads_the_recorders_per_example_rows(tmp_path: Path) -> N
     assert rows[1].endswith("| 1.10x | 0.100 | 25.00 [25.00, 25.00] | 0.100 | 25.00 [25.00, 25.00] |")
 
 
-def test_the_recorders_keep_all_control_is_shown_and_never_replayed(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The grid's ``control`` row (the unpruned model run as the schedules are: the noise floor) is a
-    row of --schedules and no candidate of the rule, nor part of the grid it is replayed on."""
-    import json
-
-    bench = load_benchmark("decision_rule")
+def _write_grid_with_control(tmp_path: Path) -> None:
+    """Two one-stage schedules and the recorder's control on 4 examples of two datasets per split (the
+    control lacks validation example 3)."""
     table = {
         "quarter": {"schedule": Schedule("m", (0.0, 25.0, 0.0, 0.0)).to_json(), "family": "one-stage"},
         "half": {"schedule": Schedule("m", (0.0, 50.0, 0.0, 0.0)).to_json(), "family": "one-stage"},
@@ -244,6 +238,15 @@ def test_the_recorders_keep_all_control_is_shown_and_never_replayed(
         ]  # fmt: skip
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (tmp_path / "validation.schedules.json").write_text(json.dumps(table))
+
+
+def test_the_recorders_keep_all_control_is_shown_and_never_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The grid's ``control`` row (the unpruned model run as the schedules are: the noise floor) is a
+    row of --schedules and no candidate of the rule, nor part of the grid it is replayed on."""
+    bench = load_benchmark("decision_rule")
+    _write_grid_with_control(tmp_path)
     out = tmp_path / "replay.json"
     argv = ["--rows", str(tmp_path / "validation.jsonl"), "--test-rows", str(tmp_path / "test.jsonl"),
             "--schedules", "--sizes", "4", "--resamples", "4", "--settings", "default", "--out", str(out)]  # fmt: skip
@@ -315,8 +318,6 @@ def test_the_grid_figure_draws_each_split_at_its_own_losses_and_counts() -> None
 def test_a_one_split_grid_is_replayed_on_a_hashed_holdout(tmp_path: Path) -> None:
     """Before the test split is recorded, part of the validation pool stands in for it: by a hash of
     the example key, disjoint, every shared example on one side."""
-    import json
-
     bench = load_benchmark("decision_rule")
     table = {
         n: {"schedule": Schedule("m", (0.0, p, 0.0, 0.0)).to_json()} for n, p in (("a", 0.0), ("b", 50.0))
@@ -418,3 +419,22 @@ def test_a_concave_calibration_refuses_the_slow_schedule_the_line_under_predicts
         curved["rule"].startswith("pooled, k 6") and "KL^0.5" in curved["rule"] and curved["exponent"] == 0.5
     )
     assert curved["default"] and line["default"]  # the study's knobs at either shape: a power curve each
+
+
+def test_the_benchmark_replays_a_presets_rule_at_its_decision_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--decision-level replays the one rule --confirm-k names at a study's --decision-level; without
+    --confirm-k it is refused (it would silently apply to one of several settings)."""
+    bench = load_benchmark("decision_rule")
+    _write_grid_with_control(tmp_path)
+    out = tmp_path / "replay.json"
+    argv = ["--rows", str(tmp_path / "validation.jsonl"), "--test-rows", str(tmp_path / "test.jsonl"),
+            "--sizes", "4", "--resamples", "4", "--out", str(out)]  # fmt: skip
+    assert bench.main([*argv, "--confirm-k", "2", "--decision-level", "0.8"]) == 0
+    assert [r["rule"] for r in json.loads(out.read_text())["results"]] == [
+        "pooled, k 2, cap 0.3 nats/point, level 0.8"
+    ]
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*argv, "--decision-level", "0.8"])
+    assert exc.value.code == 2 and "give --confirm-k too" in capsys.readouterr().err
