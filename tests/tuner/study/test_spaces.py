@@ -334,10 +334,11 @@ def test_parametric_front_prunes_more_early_than_back(num_layers: int, n_stages:
 def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     space = SPACES[name]
     points = space.warm_start(num_layers)
-    # keep-all, paper-style, the families (one stage at mid depth; a gradual three-stage schedule where
-    # the space has several stages), then the two published peers at a gentler share, then as published
-    # (per_layer caps a layer at 60%, so a peer's published 80% is its gentler 60%: queued once)
-    families = 2 if isinstance(space, StagesSpace) and space.max_stages >= 3 else 1
+    # keep-all, paper-style, the families (one stage at mid depth; where the space has three stages, the
+    # gradual family: 40% after each quarter of depth with today's rule, then 20% with each published
+    # peer's rule), then the two published peers at a gentler share, then as published (per_layer caps
+    # a layer at 60%, so a peer's published 80% is its gentler 60%: queued once)
+    families = 4 if isinstance(space, StagesSpace) and space.max_stages >= 3 else 1
     clipped = name == "per_layer"
     hand_made = space.hand_made_starts(num_layers, points[: 2 + families + (2 if clipped else 4)])
     assert len(points) == 2 + families + (2 if clipped else 4) + len(hand_made)
@@ -362,8 +363,10 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     # one stage at mid depth (clipped to the space's layers) keeping half
     assert mid.scoring == Scoring() and sum(p > 0 for p in mid.percentiles) == 1
     assert mid.keep_fractions()[-1] == pytest.approx(0.5, abs=0.03)
-    for g in gradual:  # three stages of 40% after each quarter of depth: 0.6 ** 3 kept
-        assert g.scoring == Scoring() and g.keep_fractions()[-1] == pytest.approx(0.216, abs=1e-6)
+    for g, keep, rule in zip(gradual, (0.216, 0.512, 0.512), (Scoring(), gemfilter.scoring, tsp.scoring)):
+        # three stages after each quarter of depth: 40% with today's rule (0.6 ** 3 kept), then 20%
+        # with each peer's rule (0.8 ** 3 kept; FastKV's the fastest within budget on the 2048 grid)
+        assert g.scoring == rule and g.keep_fractions()[-1] == pytest.approx(keep, abs=1e-6)
         if num_layers >= 8:
             assert sum(p > 0 for p in g.percentiles) == 3
     # the peers' published configurations, each with its own rule, pruning once after its own layer;

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from optuna.trial import BaseTrial
 
+from lazyllm.peers import PEERS
 from lazyllm.schedule import Schedule
 from lazyllm.scoring import Scoring
 from tuner.study.spaces.base import (
@@ -119,18 +120,28 @@ class StagesSpace(SearchSpace):
         return [*points, *self.hand_made_starts(num_layers, points)]
 
     def family_starts(self, num_layers: int) -> list[dict[str, Any]]:
-        """One stage at mid depth pruning half, then (with room for three stages) a gradual schedule
-        pruning 40% after each quarter of depth, the fastest hand-made schedule within budget in
-        ``benchmarks/objective_noise.py`` (its measurement is in docs/)."""
+        """One stage at mid depth pruning half, then (with room for three stages) the gradual family,
+        three stages after each quarter of depth: 40% with today's rule, the fastest hand-made schedule
+        within budget in ``benchmarks/objective_noise.py``, then 20% with each published peer's rule
+        (:mod:`lazyllm.peers`), FastKV's the fastest schedule within a 2-point budget on the 2048-token
+        open-QA grid's test split (docs/statistics.md)."""
         points = super().family_starts(num_layers)
         if self.max_stages >= 3:
-            low, high = self.layer_range(num_layers)
-            gradual: dict[str, Any] = {"n_stages": 3}
-            for i in range(3):
-                gradual[f"stage{i}_layer"] = min(max(round((i + 1) * num_layers / 4), low), high)
-                gradual[f"stage{i}_pct"] = snap(40.0, self.pct_low, self.pct_high, self.pct_step)
-            points.append(self._with_rule(gradual, Scoring()))
+            points.append(self._with_rule(self._gradual(40.0, num_layers), Scoring()))
+            for peer in PEERS.values():
+                point = self._with_rule(self._gradual(20.0, num_layers), peer.rule)
+                if peer.published and point not in points:
+                    points.append(point)
         return points
+
+    def _gradual(self, pct: float, num_layers: int) -> dict[str, Any]:
+        """Three stages pruning ``pct`` percent each, after each quarter of depth (clipped to the space)."""
+        low, high = self.layer_range(num_layers)
+        point: dict[str, Any] = {"n_stages": 3}
+        for i in range(3):
+            point[f"stage{i}_layer"] = min(max(round((i + 1) * num_layers / 4), low), high)
+            point[f"stage{i}_pct"] = snap(pct, self.pct_low, self.pct_high, self.pct_step)
+        return point
 
     def _one_stage(self, layer: int, keep: float, num_layers: int) -> dict[str, Any]:
         low, high = self.layer_range(num_layers)
