@@ -53,7 +53,7 @@ from lazyllm.schedule import Revival, Schedule
 from lazyllm.scoring import Scoring
 from tuner.data.longbench import unit_hash
 from tuner.report.figure import pyplot, write_figure
-from tuner.stages.rule import pooled_rule
+from tuner.stages.rule import Refused, pooled_rule
 from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule, check_exponent
 from tuner.statistics.losses import KL_PER_POINT, FidelityLoss, ScoreLoss
@@ -296,7 +296,9 @@ def replay(
                     others = draw_keys(rest, grid[0].datasets, fresh, rng)
                     w_rest = macro_weights([grid[0].datasets[k] for k in others])
 
-                    def seen(r: TrialRecord, others: Sequence[str] = others, w: Any = w_rest) -> float:
+                    def seen(
+                        r: TrialRecord, refused: Refused, others: Sequence[str] = others, w: Any = w_rest
+                    ) -> float:  # recorded KLs cost nothing: every prompt, no early stop
                         return weighted_mean([grid[r.number].validation[k][0] for k in others], list(w))
 
                 baseline = None

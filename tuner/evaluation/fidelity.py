@@ -428,8 +428,8 @@ class FidelityEvaluator:
             used = sum(p.nbytes for p in self.prefixes.values() if p is not None)
             last = next((p for p in reversed(self.prefixes.values()) if p is not None), None)
             size = None if last is None else last.nbytes * len(example.input_ids) / last.ids.shape[1]
-            if size is not None and used + size > self.prefix_bytes:
-                self.prefixes[example.key] = None
+            if self.prefix_bytes == 0 or (size is not None and used + size > self.prefix_bytes):
+                self.prefixes[example.key] = None  # no capture: it would be dropped
             else:
                 captured = self.keep_all.capture_prefix(torch.as_tensor(example.input_ids))
                 fits = used + captured.nbytes <= self.prefix_bytes

@@ -194,8 +194,12 @@ def paragraph(d: Decision) -> str:
     if d.decided == "refused by the fresh check":
         f, seen = d.fresh, d.fresh_kl(nxt)
         assert f is not None and seen is not None
+        measured = f.measured(nxt.trial)
         drift = (
-            f"drifts more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats), where it is"
+            f"drifts more on the fresh prompts: after {measured} of {f.n_examples} its KL is already at least "
+            f"{seen:.4f} nats (the rest counted at 0, so the check stopped), where it is"
+            if measured < f.n_examples
+            else f"drifts more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats), where it is"
             if seen > nxt.loss
             else f"drifts no more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats); at its larger KL it is"
         )

@@ -22,18 +22,19 @@ The stage returns a :class:`Confirmation`; it writes nothing. The session stores
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from lazyllm import LazyLLM
 from tuner.data.longbench import OPENQA_DATASETS
-from tuner.evaluation.fidelity import FidelityEvaluator
+from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
-from tuner.stages.rule import judged_kl, pooled_rule, to_score
+from tuner.stages.rule import Refused, judged_kl, pooled_rule, to_score
 from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.statistics.bootstrap import Estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import Calibration, ScoredSchedule
@@ -107,17 +108,32 @@ class FreshCheck:
         prompts: what the prompts were, in words (or why the check did not run, with ``n_examples`` 0).
         n_examples: how many prompts (0: the check did not run).
         kl: (trial, mean KL in nats) for every front schedule measured, fastest first.
+        stopped: (trial, prompts measured) for every schedule whose check stopped early, refused on the
+            prompts measured so far (:data:`tuner.stages.rule.FreshDrift`): its KL is then a lower bound
+            of the mean over all ``n_examples``, the rest counted at 0.
     """
 
     prompts: str
     n_examples: int
     kl: tuple[tuple[int, float], ...] = ()
+    stopped: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_examples < 0:
             raise ValueError(f"n_examples = {self.n_examples}: must be >= 0")
         if self.kl and self.n_examples == 0:
             raise ValueError("a fresh check that did not run measured no KL")
+        measured = {t for t, _ in self.kl}
+        for trial, n in self.stopped:
+            if trial not in measured or not 1 <= n < self.n_examples:
+                raise ValueError(
+                    f"stopped ({trial}, {n}): a stopped check is of a measured trial, after 1 to "
+                    f"{self.n_examples - 1} of its {self.n_examples} prompts"
+                )
+
+    def measured(self, trial: int) -> int:
+        """How many prompts ``trial``'s KL was measured on (``n_examples`` unless stopped early)."""
+        return next((n for t, n in self.stopped if t == trial), self.n_examples)
 
     @property
     def ran(self) -> bool:
@@ -132,7 +148,12 @@ class FreshCheck:
         return judged_kl(kl, self.of(trial))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompts": self.prompts, "n_examples": self.n_examples, "kl": [list(x) for x in self.kl]}
+        return {
+            "prompts": self.prompts,
+            "n_examples": self.n_examples,
+            "kl": [list(x) for x in self.kl],
+            "stopped": [list(x) for x in self.stopped],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FreshCheck:
@@ -140,7 +161,18 @@ class FreshCheck:
             str(data["prompts"]),
             int(data["n_examples"]),
             tuple((int(t), float(kl)) for t, kl in data.get("kl", [])),
+            tuple((int(t), int(n)) for t, n in data.get("stopped", [])),
         )
+
+
+def kl_so_far(drifts: Sequence[ExampleDrift], weights: Mapping[str, float]) -> float:
+    """The weighted mean KL over every prompt of ``weights`` (example key -> weight) with those not in
+    ``drifts`` yet counted at 0: a KL is >= 0, so this is a lower bound of the mean over all of them,
+    and that mean itself once every prompt is in ``drifts``."""
+    total = sum(weights.values())
+    if total <= 0:
+        raise ValueError("the prompts' weights must sum to more than 0")
+    return sum(weights[f"{d.dataset}/{d.record_id}"] * d.kl for d in drifts) / total
 
 
 @dataclass(frozen=True)
@@ -309,7 +341,9 @@ def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callab
             evaluator = calibration.evaluator.restricted(beyond)
             weights = dict(zip((e.key for e in beyond), macro_weights([e.dataset for e in beyond])))
             text = f"open-QA validation beyond the search's ({per} per dataset, {tokens} tokens)"
-            return FreshPrompts(fidelity_of(settings, evaluator), weights, text)
+            # no prefill kept: a capture costs about 2.8 s a prompt at 2048 tokens, a schedule
+            # resumed from it saves about 0.5 s, and a check reads 1 to 3 schedules
+            return FreshPrompts(fidelity_of(settings, evaluator, prefix_bytes=0), weights, text)
 
         return beyond_search
     searched = len(runner.evaluator.examples)
@@ -327,6 +361,24 @@ def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callab
         )
 
     return open_qa
+
+
+def fresh_kl_of(
+    there: FreshPrompts, engine: LazyLLM, refused: Refused, desc: str = "fresh KL"
+) -> tuple[float, int]:
+    """``engine``'s mean KL on the fresh prompts ``there`` and how many prompts it was measured on:
+    all of them, or fewer where the KL so far (:func:`kl_so_far`, a lower bound) is already
+    ``refused``; the KL returned is then that bound. A refused schedule's check stops at about the
+    share of prompts its bound needs, the one that passes reads them all."""
+
+    def settled(so_far: list[ExampleDrift]) -> str | None:  # refused already, whatever the rest drift
+        return "refused" if refused(kl_so_far(so_far, there.weights)) else None
+
+    drifts, _ = there.fidelity.evaluate(engine, should_stop=settled, desc=desc)
+    if len(drifts) < len(there.fidelity.evaluator.examples):
+        return kl_so_far(drifts, there.weights), len(drifts)
+    kl = weighted_mean([d.kl for d in drifts], [there.weights[f"{d.dataset}/{d.record_id}"] for d in drifts])
+    return kl, len(drifts)
 
 
 def confirm_pooled(
@@ -374,19 +426,19 @@ def confirm_pooled(
 
     fresh_on = fresh_prompts(runner, fid)
     fresh_kl: list[tuple[int, float]] = []
+    stopped: list[tuple[int, int]] = []
     prompts: list[FreshPrompts] = []  # built on first use only
 
-    def fresh(r: TrialRecord) -> float:
+    def fresh(r: TrialRecord, refused: Refused) -> float:
         assert not isinstance(fresh_on, str)
         if not prompts:
             prompts.append(fresh_on())
-        there = prompts[0]
-        engine = runner.engine(r.schedule)
-        drifts, _ = there.fidelity.evaluate(engine, desc=f"fresh KL of trial {r.number}")
-        kl = weighted_mean(
-            [d.kl for d in drifts], [there.weights[f"{d.dataset}/{d.record_id}"] for d in drifts]
+        kl, measured = fresh_kl_of(
+            prompts[0], runner.engine(r.schedule), refused, f"fresh KL of trial {r.number}"
         )
         fresh_kl.append((r.number, kl))
+        if measured < len(prompts[0].fidelity.evaluator.examples):
+            stopped.append((r.number, measured))
         return kl
 
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
@@ -404,7 +456,9 @@ def confirm_pooled(
         check = FreshCheck("not needed: no drifting front schedule passed on its own KL", 0)
     else:
         there = prompts[0]
-        check = FreshCheck(there.text, len(there.fidelity.evaluator.examples), tuple(fresh_kl))
+        check = FreshCheck(
+            there.text, len(there.fidelity.evaluator.examples), tuple(fresh_kl), tuple(stopped)
+        )
     picked = decision.picked
     out: list[CandidateResult] = []
     for v in decision.verdicts:  # fastest first

@@ -54,9 +54,16 @@ Evidence = Callable[[Sequence[TrialRecord]], Sequence[ScoredSchedule]]
 (nats) and task-score loss (points) on the calibration's examples (the search's own, whose KLs the
 records hold, or a larger set). All at once, so a scorer may go example by example."""
 
-FreshDrift = Callable[[TrialRecord], float]
-"""A front record -> its mean KL (nats per answer token) on prompts the search never saw (teacher-forced
-against the unpruned answer: no gold answer needed), what step 5 of :func:`pooled_rule` reads."""
+Refused = Callable[[float], bool]
+"""A fresh KL (nats) -> whether step 5 of :func:`pooled_rule` refuses the record at it. Non-decreasing in
+the KL: once a KL is refused, every larger one is too."""
+
+FreshDrift = Callable[[TrialRecord, Refused], float]
+"""A front record and the rule's :data:`Refused` for it -> its mean KL (nats per answer token) on prompts
+the search never saw (teacher-forced against the unpruned answer: no gold answer needed), what step 5
+of :func:`pooled_rule` reads. KLs are >= 0, so a measurer may stop as soon as the KL of the prompts
+measured so far, counted over all of them (the rest at 0), is refused, and return that lower bound:
+the rule refuses the record either way."""
 
 
 def spread(front: Sequence[T], k: int) -> list[T]:
@@ -189,7 +196,8 @@ def pooled_rule(
         baseline_score: the unpruned model's score on the evidence's examples (points, macro), what
             a prior that scales by it is read at.
         fresh: a record's KL on prompts the search never saw (step 5), called only on records that
-            pass on their own KL, fastest first, until one passes.
+            pass on their own KL, fastest first, until one passes; it may stop once its KL so far is
+            refused (:data:`FreshDrift`).
         exponent: the calibration's shape ``p`` (``--calibration-exponent``; ``prior`` must be fitted at it).
     """
     front = feasible_front(records, search_loss)
@@ -210,7 +218,11 @@ def pooled_rule(
         seen = None
         if ok and check and kl > 0 and not any(v.ok for v in verdicts):
             assert fresh is not None
-            seen = float(fresh(r))
+
+            def refused(at: float, kl: float = kl) -> bool:
+                return not judge(kl, calibration, budget, at)[0]
+
+            seen = float(fresh(r, refused))
             ok, why = judge(kl, calibration, budget, seen)
         verdicts.append(Verdict(r, ok, why, seen))
     return PooledDecision(tuple(front), scored, calibration, tuple(verdicts))

@@ -54,12 +54,16 @@ def prefix_share(settings: SearchSettings) -> float:
     return PREFIX_MEMORY_SHARE / settings.n_workers
 
 
-def fidelity_of(settings: SearchSettings, evaluator: Evaluator) -> FidelityEvaluator:
-    """The study's fidelity evaluator on ``evaluator``'s examples."""
+def fidelity_of(
+    settings: SearchSettings, evaluator: Evaluator, *, prefix_bytes: int | None = None
+) -> FidelityEvaluator:
+    """The study's fidelity evaluator on ``evaluator``'s examples (``prefix_bytes``: what its kept
+    prefills may hold, 0 for none; None: the worker's share of free memory)."""
     return FidelityEvaluator(
         evaluator,
         top_k=settings.fidelity_top_k,
         gold=settings.fidelity_gold,
+        prefix_bytes=prefix_bytes,
         prefix_share=prefix_share(settings),
     )
 

@@ -203,6 +203,25 @@ def _count_unpruned_prefills(fid: FidelityEvaluator) -> tuple[list[int], list[in
     return captures, full_prefills
 
 
+def test_an_evaluator_that_keeps_no_prefill_captures_none(tiny_folder: Path, tmp_path: Path) -> None:
+    """prefix_bytes=0 (the fresh-drift check's prompts: a capture costs more than the few schedules
+    checked there save): with the unpruned side cached, a trial runs each prompt's whole pruned prefill
+    and no unpruned one, and drifts as much as from a kept prefix."""
+    model, tokenizer = load_model(str(tiny_folder))
+    cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=3, max_prompt_tokens=64,
+                       max_new_tokens=4, data_dir=longbench_dir())  # fmt: skip
+    ev = Evaluator(model, tokenizer, cfg, tmp_path / "cache", progress=False)
+    kept = FidelityEvaluator(ev)
+    engine = _frozen_engines(model, tokenizer, {1: {1: 50}})[1]
+    want, _ = kept.evaluate(engine)
+    none = FidelityEvaluator(ev, prefix_bytes=0)
+    none.references()  # read from the cache
+    captures, full_prefills = _count_unpruned_prefills(none)
+    got, _ = none.evaluate(engine)
+    assert captures == [] and full_prefills == [] and set(none.prefixes.values()) == {None}
+    assert [d.kl for d in got] == pytest.approx([d.kl for d in want], abs=1e-6)
+
+
 @pytest.mark.parametrize("kl", [True, False])
 def test_scoring_on_new_examples_takes_one_unpruned_prefill_per_example_for_everything(
     tiny_folder: Path, tmp_path: Path, kl: bool

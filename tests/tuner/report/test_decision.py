@@ -217,6 +217,25 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
         "drifts no more on the 24 fresh prompts (KL 0.2500 nats); at its larger KL it is predicted"
         in paragraph(d)
     )
+    # a check stopped early (refused on its first 10 of 24 prompts): its KL is a lower bound, said so
+    early = FreshCheck(
+        "open-QA validation (12 per dataset, 1024 tokens)", 24, ((2, 0.5), (1, 0.12)), ((2, 10),)
+    )
+    assert (
+        FreshCheck.from_dict(early.to_dict()) == early and early.measured(2) == 10 and early.measured(1) == 24
+    )
+    d = decide(
+        dataclasses.replace(outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=early)),
+        TIMING,
+    )
+    assert d.decided == "refused by the fresh check"
+    assert (
+        "but drifts more on the fresh prompts: after 10 of 24 its KL is already at least 0.5000 nats (the rest "
+        "counted at 0, so the check stopped), where it is predicted to lose 2.00 score points" in paragraph(d)
+    )
+    for bad in (((3, 10),), ((2, 24),), ((2, 0),)):  # not measured; not early; nothing measured
+        with pytest.raises(ValueError, match="a stopped check is of a measured trial"):
+            dataclasses.replace(early, stopped=bad)
     skipped = dataclasses.replace(
         check, prompts="no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR", n_examples=0, kl=()
     )

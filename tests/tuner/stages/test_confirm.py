@@ -16,7 +16,7 @@ from tests.support import longbench_dir
 from tuner.evaluation.fidelity import FidelityEvaluator
 from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
-from tuner.stages.confirm import Confirmation, candidate_of, confirm
+from tuner.stages.confirm import Confirmation, FreshPrompts, candidate_of, confirm, fresh_kl_of
 from tuner.stages.front import fastest_feasible, study_records
 from tuner.stages.rule import spread
 from tuner.statistics.losses import BaselineStats, Budget, ScoreLoss
@@ -296,6 +296,7 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
         "prompts": "no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR",
         "n_examples": 0,
         "kl": [],
+        "stopped": [],
     }
     # a search on as many examples as the check would hold gains nothing from it
     few = tmp_path / "few"
@@ -339,8 +340,19 @@ def test_an_open_qa_search_rechecks_its_front_on_the_calibration_examples_it_did
     first, kl = fresh["kl"][0]
     record = next(r for r in StudyOutcome.from_study(study).records if r.number == first)
     there = FidelityEvaluator(calibration.evaluator.restricted(prompts))
-    drifts, _ = there.evaluate(session.runner.engine(record.schedule))
-    assert kl == pytest.approx(sum(x.kl for x in drifts) / len(drifts), rel=1e-6)
+    engine = session.runner.engine(record.schedule)
+    drifts, _ = there.evaluate(engine)
+    measured = dict(map(tuple, fresh["stopped"])).get(first, 4)  # type: ignore[arg-type]
+    assert kl == pytest.approx(sum(x.kl for x in drifts[:measured]) / len(drifts), rel=1e-6)
+    # the measurer stops once its KL so far, the rest counted at 0, is refused; else it reads all
+    weights = {ex.key: 1.0 for ex in prompts}
+    on = FreshPrompts(there, weights, "the 4 prompts")
+    assert drifts[0].kl > 0
+    assert fresh_kl_of(on, engine, lambda at: at > 0) == (pytest.approx(drifts[0].kl / 4, rel=1e-6), 1)
+    assert fresh_kl_of(on, engine, lambda at: False) == (
+        pytest.approx(sum(x.kl for x in drifts) / 4, rel=1e-6),
+        4,
+    )
     # a calibration on the search's own examples has nothing beyond them
     same = tmp_path / "same"
     assert main([*argv[: argv.index("--confirm-n-examples")], "--output", str(same)]) == 0

@@ -64,7 +64,7 @@ def _fresh_decide(
 ) -> tuple[rule.PooledDecision, list[int]]:
     asked: list[int] = []
 
-    def seen(r: TrialRecord) -> float:
+    def seen(r: TrialRecord, refused: rule.Refused) -> float:
         asked.append(r.number)
         return fresh[r.number]
 
@@ -93,6 +93,48 @@ def test_an_underpowered_rule_judges_the_front_at_its_fresh_kl_too() -> None:
     assert asked == [2] and decision.picked.number == 2  # type: ignore[union-attr]
     decision, asked = _fresh_decide(10.0, {1: 0.2, 2: 0.3})  # 12 points at 0.3: the next one
     assert asked == [2, 1] and decision.picked.number == 1  # type: ignore[union-attr]
+
+
+def test_the_fresh_measurer_may_stop_once_its_kl_so_far_is_refused() -> None:
+    """Step 5 hands the measurer the rule's own refusal at a fresh KL: non-decreasing, the judge's
+    verdict, so a measurer that stops at the first refused lower bound decides as one that reads all."""
+    from tuner.evaluation.fidelity import ExampleDrift
+    from tuner.stages.confirm import kl_so_far
+
+    handed: list[rule.Refused] = []
+    prompts = [
+        ExampleDrift(f"d{i % 2}", f"r{i}", kl, 0.0, None, 4) for i, kl in enumerate([0.3, 0.1, 0.2, 0.0])
+    ]
+    weights = {f"d{i % 2}/r{i}": 1.0 for i in range(4)}
+
+    def early(r: TrialRecord, refused: rule.Refused) -> float:
+        handed.append(refused)
+        for m in range(1, len(prompts) + 1):
+            bound = kl_so_far(prompts[:m], weights)
+            if refused(bound):
+                return bound
+        return bound
+
+    def full(r: TrialRecord, refused: rule.Refused) -> float:
+        return kl_so_far(prompts, weights)  # 0.15: trial 1 loses at least 6 points there
+
+    decided = [
+        rule.pooled_rule(
+            RECORDS, FidelityLoss(1.0), ScoreLoss(2.0), 6, WEIGHTS, _evidence, level=0.6, confidence=0.9,
+            fresh=f,
+        )
+        for f in (early, full)
+    ]  # fmt: skip
+    assert [d.picked.number for d in decided] == [0, 0]  # type: ignore[union-attr]
+    assert decided[0].verdicts[1].fresh_kl == pytest.approx(0.075)  # stopped after 1 prompt: 0.3 / 4
+    assert decided[1].verdicts[1].fresh_kl == pytest.approx(0.15)
+    refused = handed[0]
+    kl = RECORDS[1].values[1]
+    cal = decided[0].calibration
+    for at in (0.0, 0.01, 0.02, 0.04, 0.05, 0.1, 1.0):
+        assert refused(at) == (not rule.judge(kl, cal, ScoreLoss(2.0), at)[0])
+    answers = [refused(at) for at in (0.0, 0.02, 0.04, 0.05, 0.1, 1.0)]
+    assert answers == sorted(answers) and answers[0] is False and answers[-1] is True
 
 
 def test_the_fresh_check_does_not_wait_for_the_power_curve() -> None:
