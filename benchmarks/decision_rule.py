@@ -53,7 +53,7 @@ from lazyllm.schedule import Revival, Schedule
 from lazyllm.scoring import Scoring
 from tuner.data.longbench import unit_hash
 from tuner.report.figure import pyplot, write_figure
-from tuner.stages.rule import Refused, pooled_rule
+from tuner.stages.rule import FreshKL, Refused, pooled_rule
 from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule, check_exponent
 from tuner.statistics.losses import KL_PER_POINT, FidelityLoss, ScoreLoss
@@ -298,8 +298,10 @@ def replay(
 
                     def seen(
                         r: TrialRecord, refused: Refused, others: Sequence[str] = others, w: Any = w_rest
-                    ) -> float:  # recorded KLs cost nothing: every prompt, no early stop
-                        return weighted_mean([grid[r.number].validation[k][0] for k in others], list(w))
+                    ) -> FreshKL:  # recorded KLs cost nothing: every prompt, no early stop
+                        return FreshKL(
+                            weighted_mean([grid[r.number].validation[k][0] for k in others], list(w))
+                        )
 
                 baseline = None
                 if grid[0].baselines:  # the draw's unpruned score, what a scaled prior is read at

@@ -198,6 +198,9 @@ def paragraph(d: Decision) -> str:
         drift = (
             f"drifts more on the fresh prompts: after {measured} of {f.n_examples} its KL is already at least "
             f"{seen:.4f} nats (the rest counted at 0, so the check stopped), where it is"
+            if measured < f.n_examples and seen > nxt.loss
+            else f"is refused at its validation KL already, read at the fresh check's --confidence (the check "
+            f"stopped after {measured} of its {f.n_examples} prompts): it is"
             if measured < f.n_examples
             else f"drifts more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats), where it is"
             if seen > nxt.loss

@@ -34,7 +34,7 @@ from tuner.data.longbench import OPENQA_DATASETS
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
-from tuner.stages.rule import Refused, judged_kl, pooled_rule, to_score
+from tuner.stages.rule import FreshKL, Refused, judged_kl, pooled_rule, to_score
 from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.statistics.bootstrap import Estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import Calibration, ScoredSchedule
@@ -125,9 +125,9 @@ class FreshCheck:
             raise ValueError("a fresh check that did not run measured no KL")
         measured = {t for t, _ in self.kl}
         for trial, n in self.stopped:
-            if trial not in measured or not 1 <= n < self.n_examples:
+            if trial not in measured or not 0 <= n < self.n_examples:
                 raise ValueError(
-                    f"stopped ({trial}, {n}): a stopped check is of a measured trial, after 1 to "
+                    f"stopped ({trial}, {n}): a stopped check is of a measured trial, after 0 to "
                     f"{self.n_examples - 1} of its {self.n_examples} prompts"
                 )
 
@@ -368,8 +368,12 @@ def fresh_kl_of(
 ) -> tuple[float, int]:
     """``engine``'s mean KL on the fresh prompts ``there`` and how many prompts it was measured on:
     all of them, or fewer where the KL so far (:func:`kl_so_far`, a lower bound) is already
-    ``refused``; the KL returned is then that bound. A refused schedule's check stops at about the
-    share of prompts its bound needs, the one that passes reads them all."""
+    ``refused``; the KL returned is then that bound (0 and no prompt where the rule refuses the
+    schedule at its own KL). A refused schedule's check stops at about the share of prompts its
+    bound needs, the one that passes reads them all."""
+
+    if refused(0.0):  # refused at its own KL at the check's level: no prompt can change that
+        return 0.0, 0
 
     def settled(so_far: list[ExampleDrift]) -> str | None:  # refused already, whatever the rest drift
         return "refused" if refused(kl_so_far(so_far, there.weights)) else None
@@ -429,7 +433,7 @@ def confirm_pooled(
     stopped: list[tuple[int, int]] = []
     prompts: list[FreshPrompts] = []  # built on first use only
 
-    def fresh(r: TrialRecord, refused: Refused) -> float:
+    def fresh(r: TrialRecord, refused: Refused) -> FreshKL:
         assert not isinstance(fresh_on, str)
         if not prompts:
             prompts.append(fresh_on())
@@ -437,9 +441,10 @@ def confirm_pooled(
             prompts[0], runner.engine(r.schedule), refused, f"fresh KL of trial {r.number}"
         )
         fresh_kl.append((r.number, kl))
-        if measured < len(prompts[0].fidelity.evaluator.examples):
+        complete = measured == len(prompts[0].fidelity.evaluator.examples)
+        if not complete:
             stopped.append((r.number, measured))
-        return kl
+        return FreshKL(kl, complete)
 
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
     decision = pooled_rule(

@@ -58,12 +58,28 @@ Refused = Callable[[float], bool]
 """A fresh KL (nats) -> whether step 5 of :func:`pooled_rule` refuses the record at it. Non-decreasing in
 the KL: once a KL is refused, every larger one is too."""
 
-FreshDrift = Callable[[TrialRecord, Refused], float]
-"""A front record and the rule's :data:`Refused` for it -> its mean KL (nats per answer token) on prompts
-the search never saw (teacher-forced against the unpruned answer: no gold answer needed), what step 5
-of :func:`pooled_rule` reads. KLs are >= 0, so a measurer may stop as soon as the KL of the prompts
-measured so far, counted over all of them (the rest at 0), is refused, and return that lower bound:
-the rule refuses the record either way."""
+
+@dataclass(frozen=True)
+class FreshKL:
+    """What a :data:`FreshDrift` measured: a record's mean KL (nats per answer token) on prompts the
+    search never saw, or, with ``complete`` False, a lower bound of it that the rule refuses (the
+    measurer stopped there: the prompts measured so far, counted over all of them with the rest at 0)."""
+
+    kl: float
+    complete: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.kl >= 0:
+            raise ValueError(f"fresh KL = {self.kl}: must be >= 0")
+
+
+FreshDrift = Callable[[TrialRecord, Refused], FreshKL]
+"""A front record and the rule's :data:`Refused` for it -> its :class:`FreshKL` on prompts the search
+never saw (teacher-forced against the unpruned answer: no gold answer needed), what step 5 of
+:func:`pooled_rule` reads. KLs are >= 0, so a measurer may stop as soon as the KL of the prompts
+measured so far, counted over all of them, is refused (before any prompt where ``Refused(0)``: the
+record's own KL is refused at the check's level), and return that lower bound, not complete: the
+rule refuses the record either way."""
 
 
 def spread(front: Sequence[T], k: int) -> list[T]:
@@ -128,11 +144,16 @@ def judged_kl(kl: float, fresh_kl: float | None) -> float:
 
 
 def judge(
-    kl: float, calibration: Calibration | None, budget: ScoreLoss, fresh_kl: float | None = None
+    kl: float,
+    calibration: Calibration | None,
+    budget: ScoreLoss,
+    fresh_kl: float | None = None,
+    *,
+    complete: bool = True,
 ) -> tuple[bool, str]:
     """Whether a schedule of mean KL ``kl`` (nats, on the calibration's examples) is certified within
-    ``budget``, and why; with ``fresh_kl`` (its KL on prompts the search never saw) also at the larger
-    of the two."""
+    ``budget``, and why; with ``fresh_kl`` (its KL on prompts the search never saw; not ``complete``:
+    a lower bound the check stopped at) also at the larger of the two."""
     if kl == 0:
         return True, "no drift (KL 0): the unpruned model's answers"
     if calibration is None:
@@ -156,8 +177,15 @@ def judge(
         level = calibration.level if conf is None else calibration.confidence
         assert level is not None
         more = "no more" if at == kl else "more"
+        seen = (
+            f"it drifts {more}, KL {fresh_kl:.4f} nats"
+            if complete
+            else f"its KL is at least {fresh_kl:.4f} nats on the prompts measured before the check stopped"
+            if at > kl
+            else "the check stopped before it needed them"
+        )
         why += (
-            f"; on prompts the search never saw it drifts {more}, KL {fresh_kl:.4f} nats: at KL {at:.4f} "
+            f"; on prompts the search never saw {seen}: at KL {at:.4f} "
             f"predicted task loss {est:.2f} (upper bound at {level:.0%} {bound:.2f}) "
             f"{'<=' if ok else '>'} budget {budget.budget:g}"
         )
@@ -222,7 +250,12 @@ def pooled_rule(
             def refused(at: float, kl: float = kl) -> bool:
                 return not judge(kl, calibration, budget, at)[0]
 
-            seen = float(fresh(r, refused))
-            ok, why = judge(kl, calibration, budget, seen)
+            measured = fresh(r, refused)
+            seen = measured.kl
+            ok, why = judge(kl, calibration, budget, seen, complete=measured.complete)
+            if ok and not measured.complete:
+                raise ValueError(
+                    f"the fresh check of trial {r.number} stopped at a KL the rule does not refuse"
+                )
         verdicts.append(Verdict(r, ok, why, seen))
     return PooledDecision(tuple(front), scored, calibration, tuple(verdicts))

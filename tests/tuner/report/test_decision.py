@@ -233,7 +233,19 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
         "but drifts more on the fresh prompts: after 10 of 24 its KL is already at least 0.5000 nats (the rest "
         "counted at 0, so the check stopped), where it is predicted to lose 2.00 score points" in paragraph(d)
     )
-    for bad in (((3, 10),), ((2, 24),), ((2, 0),)):  # not measured; not early; nothing measured
+    # refused at its own KL at --confidence (10 x 0.3 = 3 > 2): the check read no prompt
+    none = dataclasses.replace(early, kl=((2, 0.0), (1, 0.12)), stopped=((2, 0),))
+    d = decide(
+        dataclasses.replace(outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=none)),
+        TIMING,
+    )
+    assert d.decided == "refused by the fresh check"
+    assert (
+        "passes at its validation KL (--decision-level) but is refused at its validation KL already, read at the "
+        "fresh check's --confidence (the check stopped after 0 of its 24 prompts): it is predicted to lose 1.20 "
+        "score points (upper bound 3.00, 90%)" in paragraph(d)
+    )
+    for bad in (((3, 10),), ((2, 24),), ((2, -1),)):  # not measured; not early; negative
         with pytest.raises(ValueError, match="a stopped check is of a measured trial"):
             dataclasses.replace(early, stopped=bad)
     skipped = dataclasses.replace(

@@ -348,6 +348,7 @@ def test_an_open_qa_search_rechecks_its_front_on_the_calibration_examples_it_did
     weights = {ex.key: 1.0 for ex in prompts}
     on = FreshPrompts(there, weights, "the 4 prompts")
     assert drifts[0].kl > 0
+    assert fresh_kl_of(on, engine, lambda at: True) == (0.0, 0)  # refused at its own KL: no prompt read
     assert fresh_kl_of(on, engine, lambda at: at > 0) == (pytest.approx(drifts[0].kl / 4, rel=1e-6), 1)
     assert fresh_kl_of(on, engine, lambda at: False) == (
         pytest.approx(sum(x.kl for x in drifts) / 4, rel=1e-6),

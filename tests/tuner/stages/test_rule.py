@@ -64,9 +64,9 @@ def _fresh_decide(
 ) -> tuple[rule.PooledDecision, list[int]]:
     asked: list[int] = []
 
-    def seen(r: TrialRecord, refused: rule.Refused) -> float:
+    def seen(r: TrialRecord, refused: rule.Refused) -> rule.FreshKL:
         asked.append(r.number)
-        return fresh[r.number]
+        return rule.FreshKL(fresh[r.number])
 
     decision = rule.pooled_rule(
         RECORDS, FidelityLoss(1.0), ScoreLoss(budget), 6, WEIGHTS, _evidence, level=0.6,
@@ -107,16 +107,16 @@ def test_the_fresh_measurer_may_stop_once_its_kl_so_far_is_refused() -> None:
     ]
     weights = {f"d{i % 2}/r{i}": 1.0 for i in range(4)}
 
-    def early(r: TrialRecord, refused: rule.Refused) -> float:
+    def early(r: TrialRecord, refused: rule.Refused) -> rule.FreshKL:
         handed.append(refused)
-        for m in range(1, len(prompts) + 1):
+        for m in range(1, len(prompts)):
             bound = kl_so_far(prompts[:m], weights)
             if refused(bound):
-                return bound
-        return bound
+                return rule.FreshKL(bound, complete=False)
+        return rule.FreshKL(kl_so_far(prompts, weights))
 
-    def full(r: TrialRecord, refused: rule.Refused) -> float:
-        return kl_so_far(prompts, weights)  # 0.15: trial 1 loses at least 6 points there
+    def full(r: TrialRecord, refused: rule.Refused) -> rule.FreshKL:
+        return rule.FreshKL(kl_so_far(prompts, weights))  # 0.15: trial 1 loses at least 6 points there
 
     decided = [
         rule.pooled_rule(
@@ -127,7 +127,11 @@ def test_the_fresh_measurer_may_stop_once_its_kl_so_far_is_refused() -> None:
     ]  # fmt: skip
     assert [d.picked.number for d in decided] == [0, 0]  # type: ignore[union-attr]
     assert decided[0].verdicts[1].fresh_kl == pytest.approx(0.075)  # stopped after 1 prompt: 0.3 / 4
+    assert "its KL is at least 0.0750 nats on the prompts measured before the check stopped" in (
+        decided[0].verdicts[1].why
+    )
     assert decided[1].verdicts[1].fresh_kl == pytest.approx(0.15)
+    assert "it drifts more, KL 0.1500 nats" in decided[1].verdicts[1].why
     refused = handed[0]
     kl = RECORDS[1].values[1]
     cal = decided[0].calibration
@@ -135,6 +139,17 @@ def test_the_fresh_measurer_may_stop_once_its_kl_so_far_is_refused() -> None:
         assert refused(at) == (not rule.judge(kl, cal, ScoreLoss(2.0), at)[0])
     answers = [refused(at) for at in (0.0, 0.02, 0.04, 0.05, 0.1, 1.0)]
     assert answers == sorted(answers) and answers[0] is False and answers[-1] is True
+
+    def liar(r: TrialRecord, refused: rule.Refused) -> rule.FreshKL:  # stopped where nothing refuses
+        return rule.FreshKL(0.0, complete=False)
+
+    with pytest.raises(
+        ValueError, match="the fresh check of trial 1 stopped at a KL the rule does not refuse"
+    ):
+        rule.pooled_rule(
+            RECORDS, FidelityLoss(1.0), ScoreLoss(2.0), 6, WEIGHTS, _evidence, level=0.6, confidence=0.9,
+            fresh=liar,
+        )  # fmt: skip
 
 
 def test_the_fresh_check_does_not_wait_for_the_power_curve() -> None:
@@ -220,7 +235,7 @@ def test_the_benchmark_replays_the_fresh_drift_check_of_the_products_rule(
     monkeypatch.setattr(
         rule,
         "judge",
-        lambda kl, cal, budget, fresh_kl=None: (
+        lambda kl, cal, budget, fresh_kl=None, complete=True: (
             (False, "x") if fresh_kl is not None else judge(kl, cal, budget)
         ),
     )
