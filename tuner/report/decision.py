@@ -195,20 +195,27 @@ def paragraph(d: Decision) -> str:
         f, seen = d.fresh, d.fresh_kl(nxt)
         assert f is not None and seen is not None
         measured = f.measured(nxt.trial)
+        # "it is predicted to lose ..."; where the calibration sees no cost, only its bound speaks
+        it, judged = (
+            ("its", f"task-loss bound is {p.upper:.2f} score points ({p.level:.0%}; the calibration's own "
+             f"slope, {cal.slope:.1f} points per nat, sees no cost of KL, its bound does)")
+            if p.no_cost
+            else ("it is", prediction)
+        )  # fmt: skip
         drift = (
             f"drifts more on the fresh prompts: after {measured} of {f.n_examples} its KL is already at least "
-            f"{seen:.4f} nats (the rest counted at 0, so the check stopped), where it is"
+            f"{seen:.4f} nats (the rest counted at 0, so the check stopped), where {it}"
             if measured < f.n_examples and seen > nxt.loss
             else f"is refused at its validation KL already, read at the fresh check's --confidence (the check "
-            f"stopped after {measured} of its {f.n_examples} prompts): it is"
+            f"stopped after {measured} of its {f.n_examples} prompts): {it}"
             if measured < f.n_examples
-            else f"drifts more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats), where it is"
+            else f"drifts more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats), where {it}"
             if seen > nxt.loss
-            else f"drifts no more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats); at its larger KL it is"
+            else f"drifts no more on the {f.n_examples} fresh prompts (KL {seen:.4f} nats); at its larger KL {it}"
         )
         return (
             f"{what} {head}; the next faster schedule, {where}, passes at its validation KL "
-            f"(--decision-level) but {drift} {prediction}, over the {d.budget:g}-point budget at the fresh "
+            f"(--decision-level) but {drift} {judged}, over the {d.budget:g}-point budget at the fresh "
             f"check's --confidence. {done}"
         )
     if d.decided == "over the budget":

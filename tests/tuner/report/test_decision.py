@@ -245,6 +245,18 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
         "fresh check's --confidence (the check stopped after 0 of its 24 prompts): it is predicted to lose 1.20 "
         "score points (upper bound 3.00, 90%)" in paragraph(d)
     )
+    # a calibration that sees no cost (slope -1, bounds 5 and 10): only its bound speaks, in a sentence
+    blind = decision_outcome(0.4, slope=-1.0, slope_upper=5.0, max_scored=0.5, at_90=10.0)
+    assert blind.confirmation is not None
+    d = decide(
+        dataclasses.replace(blind, confirmation=dataclasses.replace(blind.confirmation, fresh=check)), TIMING
+    )
+    assert d.decided == "refused by the fresh check"
+    assert (
+        "but drifts more on the 24 fresh prompts (KL 0.5000 nats), where its task-loss bound is 5.00 score points "
+        "(90%; the calibration's own slope, -1.0 points per nat, sees no cost of KL, its bound does), over the "
+        "2-point budget at the fresh check's --confidence." in paragraph(d)
+    )
     for bad in (((3, 10),), ((2, 24),), ((2, -1),)):  # not measured; not early; negative
         with pytest.raises(ValueError, match="a stopped check is of a measured trial"):
             dataclasses.replace(early, stopped=bad)
