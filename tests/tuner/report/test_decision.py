@@ -3,6 +3,8 @@ sentences are exact: a study's parent run and console carry them)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.support import decision_outcome
@@ -166,6 +168,18 @@ def test_the_paragraph_says_how_many_examples_the_budget_needs_and_whether_the_p
     )
 
 
+def _with_fresh(outcome: Any, fresh: Any) -> Any:
+    """``decide`` on ``outcome`` with its confirmation's fresh-drift check replaced by ``fresh``."""
+    import dataclasses
+
+    from tuner.stages.decision import decide
+
+    return decide(
+        dataclasses.replace(outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=fresh)),
+        TIMING,
+    )
+
+
 def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
     """Step 5 of the rule: trial 2 passes at its validation KL 0.3 (bound 5 x 0.3 = 1.5 points at the
     decision level) but drifts 0.5 nats on the fresh prompts, where the check reads the bound at
@@ -207,10 +221,7 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
     )
     # drifting no more on the fresh prompts, trial 2 is still judged at --confidence: 10 x 0.3 = 3 > 2
     calm = FreshCheck("open-QA validation (12 per dataset, 1024 tokens)", 24, ((2, 0.25), (1, 0.12)))
-    d = decide(
-        dataclasses.replace(outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=calm)),
-        TIMING,
-    )
+    d = _with_fresh(outcome, calm)
     assert d.decided == "refused by the fresh check" and d.prediction is not None
     assert (d.prediction.upper, d.prediction.level) == (pytest.approx(3.0), 0.9)
     assert (
@@ -224,10 +235,7 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
     assert (
         FreshCheck.from_dict(early.to_dict()) == early and early.measured(2) == 10 and early.measured(1) == 24
     )
-    d = decide(
-        dataclasses.replace(outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=early)),
-        TIMING,
-    )
+    d = _with_fresh(outcome, early)
     assert d.decided == "refused by the fresh check"
     assert (
         "but drifts more on the fresh prompts: after 10 of 24 its KL is already at least 0.5000 nats (the rest "
@@ -235,10 +243,7 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
     )
     # refused at its own KL at --confidence (10 x 0.3 = 3 > 2): the check read no prompt
     none = dataclasses.replace(early, kl=((2, 0.0), (1, 0.12)), stopped=((2, 0),))
-    d = decide(
-        dataclasses.replace(outcome, confirmation=dataclasses.replace(outcome.confirmation, fresh=none)),
-        TIMING,
-    )
+    d = _with_fresh(outcome, none)
     assert d.decided == "refused by the fresh check"
     assert (
         "passes at its validation KL (--decision-level) but is refused at its validation KL already, read at the "
