@@ -36,7 +36,7 @@ from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
 from tuner.stages.rule import FreshKL, Refused, judged_kl, pooled_rule, to_score
 from tuner.stages.trial import TrialRunner, fidelity_of
-from tuner.statistics.bootstrap import Estimate, macro_weights, weighted_mean
+from tuner.statistics.bootstrap import Estimate, macro_weights
 from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import ScoreLoss
 from tuner.study.records import TrialRecord
@@ -379,10 +379,7 @@ def fresh_kl_of(
         return "refused" if refused(kl_so_far(so_far, there.weights)) else None
 
     drifts, _ = there.fidelity.evaluate(engine, should_stop=settled, desc=desc)
-    if len(drifts) < len(there.fidelity.evaluator.examples):
-        return kl_so_far(drifts, there.weights), len(drifts)
-    kl = weighted_mean([d.kl for d in drifts], [there.weights[f"{d.dataset}/{d.record_id}"] for d in drifts])
-    return kl, len(drifts)
+    return kl_so_far(drifts, there.weights), len(drifts)  # the mean itself once all are read
 
 
 def confirm_pooled(

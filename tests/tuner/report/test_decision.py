@@ -253,9 +253,7 @@ def test_a_schedule_refused_at_its_fresh_kl_is_what_decided() -> None:
     # a calibration that sees no cost (slope -1, bounds 5 and 10): only its bound speaks, in a sentence
     blind = decision_outcome(0.4, slope=-1.0, slope_upper=5.0, max_scored=0.5, at_90=10.0)
     assert blind.confirmation is not None
-    d = decide(
-        dataclasses.replace(blind, confirmation=dataclasses.replace(blind.confirmation, fresh=check)), TIMING
-    )
+    d = _with_fresh(blind, check)
     assert d.decided == "refused by the fresh check"
     assert (
         "but drifts more on the 24 fresh prompts (KL 0.5000 nats), where its task-loss bound is 5.00 score points "
