@@ -227,7 +227,7 @@ class SearchSettings(EvalSettings):
     max_accuracy_loss: float = field(
         default=2.0, metadata=_help("loss budget in score points (confirmation, recommended.json)")
     )
-    # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (README)
+    # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (docs/benchmarks.md)
     accuracy: str = field(
         default="fidelity",
         metadata=_help(
@@ -286,7 +286,7 @@ class SearchSettings(EvalSettings):
         default=False, metadata=_help("also record the change in gold-answer log-likelihood (2nd pass)")
     )
     output: str = field(default="runs", metadata=_help("results root"))
-    # the FLOP model tracks measured TTFT on CPU (README) and costs nothing, so a 20-minute study
+    # the FLOP model tracks measured TTFT on CPU (docs/benchmarks.md) and costs nothing, so a study
     # evaluates three times as many schedules; the held-out check times TTFT side by side either way
     speedup: str = field(
         default="flops",
