@@ -175,8 +175,16 @@ def parse_error(module: str, argv: list[str]) -> str | None:
     return None
 
 
+def ours(module: str) -> bool:
+    """Whether ``module`` is one of this repository's (``python -m venv`` is not checked)."""
+    return (ROOT / module.split(".")[0]).is_dir()
+
+
 README_CALLS = [
-    call for command in bash_commands((ROOT / "README.md").read_text()) for call in module_calls(command)
+    call
+    for command in bash_commands((ROOT / "README.md").read_text())
+    for call in module_calls(command)
+    if ours(call[0])
 ]
 
 
@@ -204,6 +212,7 @@ def test_the_command_checker_finds_calls_and_refuses_bad_flags() -> None:
         ("tuner.search", ["--task", "qa", "--n-trials", "3"]),
         ("lazyllm.generate", ["--prompt", "hi"]),
     ]
+    assert ours("tuner.search") and not ours("venv")
     assert parse_error("tuner.search", ["--task", "qa", "--n-trials", "3"]) is None
     assert "unrecognized arguments: --timeoutt 5" in str(parse_error("tuner.search", ["--timeoutt", "5"]))
     assert "one of the arguments --prompt-file --prompt is required" in str(
