@@ -599,6 +599,19 @@ class _Null:
 NULL: Any = _Null()
 
 
+class _OldSpelling(argparse.Action):
+    """Stores the flag's value; warns when it was given by the old spelling of a renamed setting."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if option_string is not None and option_string != self.option_strings[0]:
+            warnings.warn(
+                f"{option_string} is deprecated; it is now {self.option_strings[0]}",
+                FutureWarning,
+                stacklevel=2,
+            )
+        setattr(namespace, self.dest, values)
+
+
 def _nullable(kind: type) -> Any:
     """An argparse ``type`` taking ``none`` (or ``null``) as :data:`NULL`, else ``kind``."""
 
@@ -687,6 +700,14 @@ def add_flags(
         old = [f"--{o.replace('_', '-')}" for o, n in RENAMED.items() if n == f.name]
         if old:
             text += f" ({', '.join(old)}: the old spelling, deprecated)"
+        action: Any = _OldSpelling if old else "store"
         parser.add_argument(
-            flag, *old, dest=f.name, type=kind, default=None, choices=meta.get("choices"), help=text
+            flag,
+            *old,
+            action=action,
+            dest=f.name,
+            type=kind,
+            default=None,
+            choices=meta.get("choices"),
+            help=text,
         )

@@ -341,9 +341,11 @@ def test_renamed_settings_say_what_they_bound_and_keep_their_old_spelling(tmp_pa
     """--trials-timeout bounds the trials only (Optuna's timeout bounds a whole optimize call);
     --timed-new-tokens cannot be taken for --max-new-tokens. The old spellings still work, deprecated."""
     assert parse_settings(["--trials-timeout", "90"]).trials_timeout == 90
-    assert parse_settings(["--timeout", "90"]).trials_timeout == 90  # the old flag
+    with pytest.warns(FutureWarning, match="--timeout is deprecated; it is now --trials-timeout"):
+        assert parse_settings(["--timeout", "90"]).trials_timeout == 90  # the old flag
     assert parse_settings(["--timed-new-tokens", "7"]).timed_new_tokens == 7
-    assert parse_settings(["--new-tokens", "7"]).timed_new_tokens == 7
+    with pytest.warns(FutureWarning, match="--new-tokens is deprecated; it is now --timed-new-tokens"):
+        assert parse_settings(["--new-tokens", "7"]).timed_new_tokens == 7
     assert not {"timeout", "new_tokens"} & set(SearchSettings.__dataclass_fields__)
     old = tmp_path / "old.yaml"
     old.write_text("timeout: 90\nnew_tokens: 7\n")
