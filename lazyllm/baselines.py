@@ -116,7 +116,7 @@ class PromptCompression:
         return ids[:, keep]
 
     def generate(
-        self, prompt: str | torch.Tensor | list[int], *, chat: bool = False, **kwargs: Any
+        self, prompt: str | torch.Tensor | list[int], *, chat: bool | None = None, **kwargs: Any
     ) -> GenerationResult:
         """Compress the prompt, then generate unpruned; same arguments as :meth:`LazyLLM.generate`."""
         t0 = time.perf_counter()

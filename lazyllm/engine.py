@@ -795,7 +795,7 @@ class LazyLLM:
         prompt: Prompt,
         *,
         max_new_tokens: int = 64,
-        chat: bool = False,
+        chat: bool | None = None,
         eos_token_id: int | list[int] | None = None,
         stop_strings: list[str] | tuple[str, ...] = (),
         return_logits: bool = False,
@@ -815,7 +815,8 @@ class LazyLLM:
             prompt: text (needs a tokenizer), token ids ``[N]`` / ``[1, N]``, or chat messages
                 ``[{"role": ..., "content": ...}, ...]`` (rendered by the tokenizer's chat template).
             max_new_tokens: at most this many new tokens.
-            chat: wrap a text prompt as a user turn of the tokenizer's chat template.
+            chat: wrap a text prompt as a user turn of the tokenizer's chat template; ``None``
+                (the default): when the tokenizer has one (:func:`lazyllm.text.encode_prompt`).
             eos_token_id: stop at these ids (default: the tokenizer's / generation config's EOS).
             stop_strings: stop once the decoded text contains one of these; the text is cut before it.
             return_logits: keep every step's logits (before any processor) in the result.
@@ -849,7 +850,7 @@ class LazyLLM:
         prompt: Prompt,
         *,
         max_new_tokens: int = 64,
-        chat: bool = False,
+        chat: bool | None = None,
         eos_token_id: int | list[int] | None = None,
         stop_strings: list[str] | tuple[str, ...] = (),
         generation_config: Sampling | GenerationConfig | None = None,
@@ -893,7 +894,7 @@ class LazyLLM:
         self,
         prompt: Prompt,
         max_new_tokens: int,
-        chat: bool,
+        chat: bool | None,
         eos_token_id: int | list[int] | None,
         stop_strings: Sequence[str],
     ) -> tuple[torch.Tensor, StopCriteria]:

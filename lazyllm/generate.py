@@ -12,6 +12,10 @@ scoring rule. Without overrides the engine uses the schedule file's own (its ``s
 Decoding is greedy unless ``--do-sample`` (with ``--temperature``, ``--top-k``, ``--top-p``,
 ``--seed``; ``--repetition-penalty`` applies to greedy decoding too), with transformers' meaning
 (:mod:`lazyllm.sampling`). ``--stream`` prints the answer as it is decoded, then the same report.
+The prompt becomes the user turn of the model's chat template when the tokenizer has one (the
+default of the Python API and of a served schedule too); ``--no-chat`` sends the raw text.
+``--device`` (default: CUDA when there is one) and ``--dtype`` (default ``auto``: float32 on CPU,
+bfloat16 on CUDA) say where and in what precision the model runs.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lazyllm.cli import cli_main
 from lazyllm.engine import GenerationResult, LazyLLM
-from lazyllm.models import DEFAULT_MODEL, load_model
+from lazyllm.models import DEFAULT_MODEL, DTYPES, load_model
 from lazyllm.sampling import Sampling
 from lazyllm.schedule import Revival, Schedule
 
@@ -52,7 +58,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--stop", action="append", default=[], help="stop string (repeatable), e.g. --stop $'\\n'"
     )
-    parser.add_argument("--no-chat", action="store_true", help="raw prompt: do not apply the chat template")
+    parser.add_argument(
+        "--no-chat",
+        action="store_true",
+        help="raw prompt: do not apply the chat template (default: applied when the tokenizer has one)",
+    )
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=tuple(DTYPES),
+        help="weights and activations (default: %(default)s = float32 on CPU, bfloat16 on CUDA)",
+    )
     decoding = parser.add_argument_group("decoding (transformers' names and meaning; default greedy)")
     decoding.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     decoding.add_argument("--temperature", type=float, help="sampling temperature (default 1.0)")
@@ -119,6 +136,7 @@ def _preflight(args: argparse.Namespace) -> tuple[str, Schedule | None, Sampling
         raise ValueError(f"{source} is empty or only whitespace; give the text to answer")
     if args.revival:
         Revival.parse(args.revival)
+    _check_device(args.device)
     if args.schedule is None:
         return text, None, sampling
     if not args.schedule.is_file():
@@ -126,9 +144,25 @@ def _preflight(args: argparse.Namespace) -> tuple[str, Schedule | None, Sampling
     return text, Schedule.load(args.schedule), sampling
 
 
+def _check_device(device: str | None) -> None:
+    """A device torch knows and this machine has, before the model loads."""
+    if device is None:
+        return
+    try:
+        where = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {device}: unknown; give cpu, cuda or cuda:N") from None
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no CUDA device; give --device cpu")
+    if where.type == "cuda" and where.index is not None and where.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def _generate(args: argparse.Namespace) -> int:
     text, loaded, sampling = _preflight(args)
-    model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    model, tokenizer = load_model(
+        args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code
+    )
     layers = int(model.config.num_hidden_layers)
     schedule = loaded if loaded is not None else Schedule.paper_style(args.model, layers)
     if args.revival:
@@ -136,7 +170,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.scoring:
         schedule = schedule.with_scoring(args.scoring)
     engine = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=not args.allow_other_model)
-    chat = not args.no_chat and bool(getattr(tokenizer, "chat_template", None))
+    chat = False if args.no_chat else None  # None: the template when the tokenizer has one
     kwargs: dict[str, Any] = dict(
         max_new_tokens=args.max_new_tokens, chat=chat, stop_strings=args.stop, generation_config=sampling
     )
@@ -162,6 +196,8 @@ def _generate(args: argparse.Namespace) -> int:
             f"TTFT speedup {baseline.ttft_s / pruned.ttft_s:.2f}x, total speedup "
             f"{baseline.total_s / pruned.total_s:.2f}x, same answer: {baseline.token_ids == pruned.token_ids}"
         )
+    weights = next(model.parameters())
+    print(f"model {args.model} on {weights.device.type}, {str(weights.dtype).removeprefix('torch.')}")
     return 0
 
 

@@ -19,15 +19,18 @@ model. Semantics (LazyLLM, Fu et al. 2024):
 
 **Revival policy** (:class:`Revival`): what decoding steps do with tokens the prefill pruned.
 
-* ``dynamic`` (the paper, and every version-1 file): each step re-selects the active set at every
+* ``frozen`` (the default, the tuner's, and what every study measured): each decoding step sees, at
+  every layer, exactly the tokens that layer has computed (the prefill's survivors plus the generated
+  tokens); no re-selection, no revival, no Aux Cache.
+* ``dynamic`` (the paper's, and every version-1 file's): each step re-selects the active set at every
   pruning layer; a token chosen again at a layer it never computed is *revived* from the Aux Cache.
-* ``frozen``: each decoding step sees, at every layer, exactly the tokens that layer has computed
-  (the prefill's survivors plus the generated tokens); no re-selection, no revival, no Aux Cache.
 * ``budget:B``: like ``dynamic``, but a step computes at most ``B`` (token, layer) pairs besides its
   new token; the best-ranked revival candidates get the budget, the others are pruned.
 
-JSON format (version 3; version 1 has no ``revival`` field and means ``dynamic``; versions 1 and 2
-have no ``scoring`` field and mean the default rule ``w1-softmax-none-mean``)::
+JSON format (version 3; version 1 has no ``revival`` field and means ``dynamic``, the paper's policy,
+whatever the default; versions 2 and 3 always carry the field, so a file keeps its meaning when the
+default changes; versions 1 and 2 have no ``scoring`` field and mean the default rule
+``w1-softmax-none-mean``)::
 
     {"format": "lazyllm-schedule", "version": 3, "model": "smollm2-135m", "num_layers": 30,
      "percentiles": [0, 0, ..., 50, ..., 0], "revival": {"policy": "frozen"},
@@ -60,17 +63,17 @@ class Revival:
     """How decoding steps treat prompt tokens pruned earlier (see the module docstring).
 
     Args:
-        policy: ``"dynamic"``, ``"frozen"`` or ``"budget"``.
+        policy: ``"frozen"`` (the default), ``"dynamic"`` or ``"budget"``.
         budget: only for ``"budget"``: at most this many (token, layer) computations per decoding
             step besides the new token's own.
 
     >>> Revival.parse("budget:32")
     Revival(policy='budget', budget=32)
-    >>> str(Revival("frozen"))
+    >>> str(Revival())
     'frozen'
     """
 
-    policy: str = "dynamic"
+    policy: str = "frozen"
     budget: int | None = None
 
     def __post_init__(self) -> None:
@@ -236,7 +239,8 @@ class Schedule:
             or a folder name); checked by :meth:`check_model`.
         percentiles: one prune percentile per decoder layer, each in ``[0, 100)``; the last is 0.
         metadata: optional provenance (study, trial, metrics, ...); JSON types only.
-        revival: the decoding-time :class:`Revival` policy (or its spelling, e.g. ``"budget:32"``).
+        revival: the decoding-time :class:`Revival` policy (or its spelling, e.g. ``"budget:32"``);
+            ``frozen`` unless given, as the tuner measures schedules.
         scoring: the token-scoring :class:`~lazyllm.scoring.Scoring` rule of every selection, in the
             prefill and in decoding-time re-selection (or its spelling, e.g. ``"fastkv"``).
     """
@@ -437,7 +441,7 @@ class Schedule:
                 f"{', '.join(map(str, _READS_VERSIONS))}; upgrade lazyllm-tuner"
             )
         fields = {"format", "version", "model", "num_layers", "percentiles", "metadata"}
-        if version >= 2:  # version 1 has no revival field: the paper's dynamic re-selection
+        if version >= 2:  # version 1 has no revival field: it meant the paper's dynamic re-selection
             fields.add("revival")
         if version >= 3:  # versions 1 and 2 have no scoring field: the last position's attention
             fields.add("scoring")
@@ -460,7 +464,7 @@ class Schedule:
         metadata = data.get("metadata", {})
         if metadata is None:
             metadata = {}
-        revival = Revival.from_dict(data["revival"]) if version >= 2 else Revival()
+        revival = Revival.from_dict(data["revival"]) if version >= 2 else Revival("dynamic")
         scoring = Scoring.from_dict(data["scoring"]) if version >= 3 else Scoring()
         return cls(
             model=data["model"],

@@ -65,12 +65,15 @@ def check_messages(messages: Messages) -> list[dict[str, str]]:
     return out
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, *, chat: bool = False) -> torch.Tensor:
+def encode_prompt(tokenizer: Any, prompt: Prompt, *, chat: bool | None = None) -> torch.Tensor:
     """Token ids ``[1, N]`` of a prompt given as text, ids or chat messages.
 
     Chat messages are rendered by the tokenizer's chat template with the generation prompt appended
-    (whatever ``chat`` says). With ``chat``, a text prompt becomes the user turn of the template; a
-    tokenizer without a template is an error.
+    (whatever ``chat`` says). A text prompt becomes the user turn of the template when ``chat`` is
+    true (a tokenizer without a template is then an error) or ``None``, the default everywhere (the
+    Python API, ``python -m lazyllm.generate``, a served schedule), when the tokenizer has a template:
+    an instruct model is used as it was trained, a base model (no template) gets the raw text.
+    ``chat=False`` always gives the raw text. Token ids are used as they are.
     """
     if is_messages(prompt):
         return _apply_template(tokenizer, check_messages(prompt))  # type: ignore[arg-type]
@@ -80,6 +83,8 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, *, chat: bool = False) -> torc
         return torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1)
     if tokenizer is None:
         raise ValueError("a text prompt needs a tokenizer: LazyLLM(model, schedule, tokenizer=tokenizer)")
+    if chat is None:
+        chat = has_chat_template(tokenizer)
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
@@ -87,6 +92,11 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, *, chat: bool = False) -> torc
             )
         return _apply_template(tokenizer, [{"role": "user", "content": prompt}])
     return torch.as_tensor(tokenizer(prompt)["input_ids"], dtype=torch.long).reshape(1, -1)
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` has a chat template (what ``chat=None`` applies to a text prompt)."""
+    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def _apply_template(tokenizer: Any, messages: list[dict[str, str]]) -> torch.Tensor:

@@ -161,7 +161,7 @@ class GemFilter:
         return FilterSelection(kept=keep, scores=scores, filter_counts=counts)
 
     def generate(
-        self, prompt: str | torch.Tensor | list[int], *, chat: bool = False, **kwargs: Any
+        self, prompt: str | torch.Tensor | list[int], *, chat: bool | None = None, **kwargs: Any
     ) -> GenerationResult:
         """Filter the prompt, then generate unpruned from the kept tokens; arguments as :meth:`LazyLLM.generate`.
 

@@ -129,7 +129,7 @@ class TokenSelectivePropagation:
         ).with_scoring(self.scoring)
 
     def generate(
-        self, prompt: str | torch.Tensor | list[int], *, chat: bool = False, **kwargs: Any
+        self, prompt: str | torch.Tensor | list[int], *, chat: bool | None = None, **kwargs: Any
     ) -> GenerationResult:
         """Same arguments as :meth:`LazyLLM.generate`; the schedule is built for this prompt's length."""
         t0 = time.perf_counter()

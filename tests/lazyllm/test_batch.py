@@ -76,7 +76,7 @@ def test_rows_leave_the_batch_when_they_stop_and_prefixes_resume(tiny: Any) -> N
 
 def test_a_reviving_schedule_or_two_models_are_refused(tiny: Any) -> None:
     name, layers = tiny.config.name_or_path, tiny.config.num_hidden_layers
-    dynamic = LazyLLM(tiny, Schedule(name, (0.5,) + (0.0,) * (layers - 1)))
+    dynamic = LazyLLM(tiny, Schedule(name, (0.5,) + (0.0,) * (layers - 1), revival="dynamic"))
     assert not decodes_frozen(dynamic)
     assert decodes_frozen(LazyLLM(tiny, Schedule.keep_all(name, layers)))  # nothing to revive
     with pytest.raises(ValueError, match=r"revives tokens while decoding.*LazyLLM.generate"):

@@ -83,7 +83,7 @@ def test_pruned_decoding_matches_slow_reference(
 def test_tokens_come_back_from_the_aux_cache(model_pair: Callable[[str], tuple[Any, Any]]) -> None:
     """With heavy pruning, later steps select tokens pruned earlier; they resume from the Aux Cache."""
     sdpa, eager = model_pair("llama")
-    schedule = Schedule("tiny-llama", (0.0, 70.0, 0.0, 70.0, 0.0))
+    schedule = Schedule("tiny-llama", (0.0, 70.0, 0.0, 70.0, 0.0), revival="dynamic")
     ids = prompt(40, seed=11)
     result = LazyLLM(sdpa, schedule).generate(ids, max_new_tokens=8, eos_token_id=[], trace=True)
     assert result.trace is not None
@@ -151,7 +151,7 @@ def test_budget_bounds_revivals_and_is_dynamic_when_large(
     model_pair: Callable[[str], tuple[Any, Any]],
 ) -> None:
     sdpa, _ = model_pair("llama")
-    base = Schedule("tiny-llama", (0.0, 70.0, 0.0, 70.0, 0.0))
+    base = Schedule("tiny-llama", (0.0, 70.0, 0.0, 70.0, 0.0), revival="dynamic")
     ids = prompt(40, seed=11)
     dynamic = LazyLLM(sdpa, base).generate(ids, max_new_tokens=8, eos_token_id=[], trace=True)
     assert dynamic.trace is not None and max(dynamic.trace.extra_pairs_per_step()) > 4

@@ -57,7 +57,7 @@ def test_json_round_trip_with_metadata(tmp_path) -> None:
     assert loaded == s and loaded.metadata == s.metadata
     data = json.loads(path.read_text())
     assert data["format"] == FORMAT_NAME and data["version"] == 3 and data["num_layers"] == 4
-    assert data["revival"] == {"policy": "dynamic"}
+    assert data["revival"] == {"policy": "frozen"}
 
 
 revivals = st.one_of(
@@ -74,10 +74,12 @@ def test_round_trip_property(values: list[float], revival: Revival) -> None:
 
 
 def test_revival_policy_is_part_of_the_schedule() -> None:
-    s = Schedule("m", (0, 50, 0))
+    s = Schedule("m", (0, 50, 0), revival="dynamic")
     assert s.revival == Revival("dynamic") and s.revival.revives
     frozen = s.with_revival("frozen")
     assert frozen != s and frozen.percentiles == s.percentiles and not frozen.revival.revives
+    # one default everywhere: the tuner's (what every study measured), not the paper's
+    assert Schedule("m", (0, 50, 0)) == frozen and Revival() == Revival("frozen")
     assert Schedule("m", (0, 50, 0), revival="budget:8").revival == Revival("budget", 8)
     assert json.loads(s.with_revival("budget:8").to_json())["revival"] == {"policy": "budget", "budget": 8}
 
@@ -85,10 +87,29 @@ def test_revival_policy_is_part_of_the_schedule() -> None:
 def test_version_1_files_load_as_dynamic(tmp_path) -> None:
     v1 = '{"format": "lazyllm-schedule", "version": 1, "model": "m", "num_layers": 3, "percentiles": [0, 40, 0]}'
     s = Schedule.from_json(v1)
-    assert s == Schedule("m", (0, 40, 0)) and s.revival == Revival("dynamic")
-    assert json.loads(s.to_json())["version"] == 3  # written back in the current version
+    assert s == Schedule("m", (0, 40, 0), revival="dynamic") and s.revival == Revival("dynamic")
+    assert json.loads(s.to_json())["version"] == 3  # written back in the current version...
+    assert Schedule.from_json(s.to_json()).revival == Revival("dynamic")  # ...still meaning dynamic
     with pytest.raises(ValueError, match="unknown field"):  # version 1 never had a revival field
         Schedule.from_json(v1[:-1] + ', "revival": {"policy": "frozen"}}')
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("policy", ["dynamic", "frozen", "budget:8"])
+def test_older_files_keep_their_policy_whatever_the_default(tmp_path, version: int, policy: str) -> None:
+    # files written while the default was dynamic carry their policy: loading one after the default
+    # changed, and writing it back, keeps what it meant
+    revival = Revival.parse(policy).to_dict()
+    data = {"format": FORMAT_NAME, "version": version, "model": "m", "num_layers": 3,
+            "percentiles": [0, 40, 0], "revival": revival}  # fmt: skip
+    if version == 3:
+        data["scoring"] = Scoring().to_dict()
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    s = Schedule.load(path)
+    assert s.revival == Revival.parse(policy)
+    again = Schedule.load(s.save(tmp_path / "again.json"))
+    assert again == s and json.loads((tmp_path / "again.json").read_text())["revival"] == revival
 
 
 @pytest.mark.parametrize(
@@ -109,7 +130,7 @@ def test_invalid_revival(value: str, fragment: str) -> None:
         Revival("frozen", 3)
     with pytest.raises(ValueError, match="must be an object"):
         Schedule.from_json(
-            Schedule("m", (0,)).to_json().replace('{\n    "policy": "dynamic"\n  }', '"frozen"')
+            Schedule("m", (0,)).to_json().replace('{\n    "policy": "frozen"\n  }', '"frozen"')
         )
 
 

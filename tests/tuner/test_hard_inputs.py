@@ -115,9 +115,9 @@ def test_prompt_longer_than_the_model_limit_is_cut_in_the_middle() -> None:
         (["--max-accuracy-loss", "nan"], "max_accuracy_loss = nan: must be a finite number"),
         (["--max-accuracy-loss", "inf"], "max_accuracy_loss = inf: must be a finite number"),
         (["--max-accuracy-loss", "-1"], "max_accuracy_loss = -1.0: must be >= 0"),
-        (["--timeout", "nan"], "timeout = nan: must be a finite number"),
-        (["--timeout", "inf"], "timeout = inf: must be a finite number"),
-        (["--timeout", "0"], "timeout = 0.0: must be > 0"),
+        (["--trials-timeout", "nan"], "trials_timeout = nan: must be a finite number"),
+        (["--timeout", "inf"], "trials_timeout = inf: must be a finite number"),
+        (["--trials-timeout", "0"], "trials_timeout = 0.0: must be > 0"),
         (["--task", "bogus"], "Unknown task 'bogus'"),
     ],
 )

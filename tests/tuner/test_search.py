@@ -213,7 +213,7 @@ def test_total_speedup_objective_and_the_study_revival_policy(tiny_folder: Path,
     """--speedup total optimises the whole-generation speedup; both speedups are recorded either way, and
     every trial's schedule carries the study's revival policy into the exported JSON."""
     argv = _argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--tracking-uri", "none",
-                 "--speedup", "total", "--new-tokens", "3", "--timing-rounds", "1")  # fmt: skip
+                 "--speedup", "total", "--timed-new-tokens", "3", "--timing-rounds", "1")  # fmt: skip
     assert main(argv) == 0
     storage = f"sqlite:///{tmp_path / 's' / 'study.db'}"
     trials = [t for t in optuna.load_study(study_name="s", storage=storage).get_trials() if t.values]

@@ -21,14 +21,14 @@ BOUND = {
 
 
 def timing_sentence(timing: TrialTiming) -> str:
-    """``"At 41 s per trial (median of 9), --timeout 660 fits about 16 trials; --n-trials 40 needs
-    about --timeout 1640."``"""
+    """``"At 41 s per trial (median of 9), --trials-timeout 660 fits about 16 trials; --n-trials 40 needs
+    about --trials-timeout 1640."``"""
     if timing.median_s is None:
         return "No trial finished yet."
     text = f"At {timing.median_s:.0f} s per trial (median of {timing.finished})"
     if timing.timeout_s is not None:
-        text += f", --timeout {timing.timeout_s:g} fits about {timing.trials_fitting()} trials"
-    return f"{text}; --n-trials {timing.n_trials} needs about --timeout {timing.timeout_needed():.0f}."
+        text += f", --trials-timeout {timing.timeout_s:g} fits about {timing.trials_fitting()} trials"
+    return f"{text}; --n-trials {timing.n_trials} needs about --trials-timeout {timing.timeout_needed():.0f}."
 
 
 def certainty_sentence(c: Certainty | None) -> str:

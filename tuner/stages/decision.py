@@ -13,8 +13,8 @@ that says it in words is :func:`tuner.report.decision.paragraph`).
   it at the larger of its two KLs with the slope's bound at ``--confidence``; the decision holds that
   KL and the prediction at it.
 * **time**: the recommendation is the fastest schedule the study completed; the decision holds
-  how many trials fit the timeout at this model's measured cost per trial, and the ``--timeout`` that would
-  fit ``--n-trials``.
+  how many trials fit ``--trials-timeout`` at this model's measured cost per trial, and the
+  ``--trials-timeout`` that would fit ``--n-trials``.
 
 Whatever decided, a recommendation certified by the pooled calibration also gets a :class:`Certainty`
 on its own: it was chosen on the bound at ``--decision-level``; it holds whether the bound

@@ -279,7 +279,7 @@ class TrialRunner:
                 clock=clock,
             )
         # the FLOP model describes the prefill only, so the plausibility check is left wide open
-        new = self.settings.new_tokens or self.timing_example.max_new_tokens
+        new = self.settings.timed_new_tokens or self.timing_example.max_new_tokens
         return measure_speedup(
             generation_timer(self.baseline_engine, ids, new, clock),
             generation_timer(engine, ids, new, clock),

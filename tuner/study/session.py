@@ -124,7 +124,7 @@ class Session:
 
     def callbacks(self) -> list[Any]:
         return [
-            Progress(self.settings.n_trials, self.settings.timeout, self.runner.search_loss.unit),
+            Progress(self.settings.n_trials, self.settings.trials_timeout, self.runner.search_loss.unit),
             *([self.tracker.callback] if self.tracker else []),
         ]
 
@@ -240,7 +240,7 @@ def conclude(session: Session) -> StudyOutcome:
         confirmation.store(study)  # tuner.export finds the same pick later
     outcome = StudyOutcome.from_study(study, runner.budget)
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
-    timing = TrialTiming.of(study, settings.n_trials, settings.timeout)
+    timing = TrialTiming.of(study, settings.n_trials, settings.trials_timeout)
     outcome = dataclasses.replace(outcome, decision=explain(outcome, timing))
     if settings.heldout:
         best = outcome.recommended

@@ -7,10 +7,14 @@ help text, and the command-line flags are made from the fields (:func:`add_flags
 declared, defaulted, documented and validated in exactly one place.
 
 The search defaults are budgeted to finish ``python -m tuner.search --task qa`` on a 2-core CPU in
-20 minutes, everything included (SmolLM2, every QA validation example scored by teacher-forced
-fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, up to 60 trials bounded by a 420 s
-timeout, then the confirmation stage and the held-out check). On a GPU raise ``max_prompt_tokens``,
-``n_trials`` and ``confirm_k`` (see README).
+about 15 minutes, everything included (SmolLM2, every QA validation example scored by teacher-forced
+fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, up to 60 trials bounded by
+``trials_timeout`` = 420 s, then the confirmation stage and the held-out check). On a GPU the
+``qa-gpu`` preset raises ``max_prompt_tokens``, ``n_trials`` and ``confirm_k`` (``studies/qa-gpu.yaml``).
+
+On the command line a setting that may be null takes ``none`` (``--n-examples none``: all examples,
+``--trials-timeout none``: no limit), also over a preset that sets it. Renamed settings keep their old
+spelling, as a flag and as a preset key, deprecated (:data:`RENAMED`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import functools
 import math
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -133,13 +138,13 @@ class EvalSettings:
     split: str = field(default="validation", metadata=_help("which split of each dataset", choices=SPLITS))
     split_seed: int = field(default=0, metadata=_help("seed of the hashed validation/test split"))
     n_examples: int | None = field(
-        default=None, metadata=_help("at most this many examples per dataset (null in a preset = all)")
+        default=None, metadata=_help("at most this many examples per dataset (none = all)")
     )
     max_prompt_tokens: int = field(
         default=1024, metadata=_help("prompts longer than this are cut in the middle")
     )
     max_new_tokens: int | None = field(
-        default=32, metadata=_help("cap on LongBench's per-dataset answer length (null = LongBench's own)")
+        default=32, metadata=_help("cap on LongBench's per-dataset answer length (none = LongBench's own)")
     )
     data_dir: str | None = field(default=None, metadata=_help("LongBench folder (default: $LONGBENCH_DIR)"))
     openqa_dir: str | None = field(
@@ -200,13 +205,14 @@ class SearchSettings(EvalSettings):
 
     # search: every validation example (the fidelity pass is cheap and the speed is timed on one prompt)
     n_examples: int | None = field(
-        default=None, metadata=_help("validation examples per dataset (default / null in a preset = all)")
+        default=None, metadata=_help("validation examples per dataset (default / none = all)")
     )
     n_trials: int = field(default=60, metadata=_help("finished trials the study should hold"))
-    timeout: float | None = field(
+    trials_timeout: float | None = field(
         default=420.0,
         metadata=_help(
-            "seconds for this run's trials; baseline, confirmation and held-out check come on top"
+            "seconds for this run's trials, not the whole run: baseline, confirmation and held-out "
+            "check come on top (none = no limit)"
         ),
     )
     study_name: str | None = field(default=None, metadata=_help("default: <model>-<task>-<search space>"))
@@ -214,14 +220,14 @@ class SearchSettings(EvalSettings):
         default=None, metadata=_help("Optuna storage URL (default: sqlite file in the study folder)")
     )
     # TPE: benchmarks/sampler_choice.py favoured GP on hypervolume, but GP models only the fixed
-    # parameters of a define-by-run space and collapsed onto keep-all in a real study (see README)
+    # parameters of a define-by-run space and collapsed onto keep-all in a real study (docs/tuning.md#samplers)
     sampler: str = field(default="tpe", metadata=_help("Optuna sampler", choices=tuple(sampler_names())))
     seed: int = field(default=0, metadata=_help("sampler seed"))
     search_space: str = field(default="stages", metadata=_help("a packaged space name or a YAML path"))
     max_accuracy_loss: float = field(
         default=2.0, metadata=_help("loss budget in score points (confirmation, recommended.json)")
     )
-    # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (README)
+    # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (docs/benchmarks.md)
     accuracy: str = field(
         default="fidelity",
         metadata=_help(
@@ -234,7 +240,7 @@ class SearchSettings(EvalSettings):
         metadata=_help(
             "fidelity cap during the search, mean KL per answer token in nats (default: derived from "
             "--max-accuracy-loss, 0.3 nats per score point; the recommendation is decided by the "
-            "study's own calibration, see README)"
+            "study's own calibration: docs/statistics.md#confirmation)"
         ),
     )
     confidence: float = field(
@@ -266,12 +272,12 @@ class SearchSettings(EvalSettings):
         default=None,
         metadata=_help(
             "validation examples per dataset that confirmation task-scores and the calibration fits on "
-            "(more than the search's, for a calibration with power; null = the search's own)"
+            "(more than the search's, for a calibration with power; none = the search's own)"
         ),
     )
     heldout_n_examples: int | None = field(
         default=None,
-        metadata=_help("test examples per dataset of the held-out check (null = as many as the search's)"),
+        metadata=_help("test examples per dataset of the held-out check (none = as many as the search's)"),
     )
     timing_rounds: int = _timing_rounds()
     timing_clock: str = _timing_clock()
@@ -280,7 +286,7 @@ class SearchSettings(EvalSettings):
         default=False, metadata=_help("also record the change in gold-answer log-likelihood (2nd pass)")
     )
     output: str = field(default="runs", metadata=_help("results root"))
-    # the FLOP model tracks measured TTFT on CPU (README) and costs nothing, so a 20-minute study
+    # the FLOP model tracks measured TTFT on CPU (docs/benchmarks.md) and costs nothing, so a study
     # evaluates three times as many schedules; the held-out check times TTFT side by side either way
     speedup: str = field(
         default="flops",
@@ -290,9 +296,12 @@ class SearchSettings(EvalSettings):
             choices=SPEEDUP_MODES,
         ),
     )
-    new_tokens: int | None = field(
+    timed_new_tokens: int | None = field(
         default=None,
-        metadata=_help("answer length timed for the total speedup (default: the timed example's own)"),
+        metadata=_help(
+            "answer length timed for --speedup total (default / none: the timed example's own); "
+            "not --max-new-tokens, the cap on every scored answer"
+        ),
     )
     revival: str = field(
         default="frozen",
@@ -333,7 +342,7 @@ class SearchSettings(EvalSettings):
         if self.n_trials < 1:
             raise ValueError(f"n_trials = {self.n_trials}: must be >= 1")
         _seed("seed", self.seed)
-        _finite("timeout", self.timeout, low=0, strict=True)
+        _finite("trials_timeout", self.trials_timeout, low=0, strict=True)
         check_sampler(self.sampler)
         if self.speedup not in SPEEDUP_MODES:
             raise ValueError(f"speedup = {self.speedup!r}: must be one of {', '.join(SPEEDUP_MODES)}")
@@ -364,8 +373,10 @@ class SearchSettings(EvalSettings):
             raise ValueError(
                 f"fresh_kl_examples = {self.fresh_kl_examples}: must be >= 0 (0 = no fresh-prompt check)"
             )
-        if self.new_tokens is not None and self.new_tokens < 1:
-            raise ValueError(f"new_tokens = {self.new_tokens}: must be >= 1 (or null for the answer length)")
+        if self.timed_new_tokens is not None and self.timed_new_tokens < 1:
+            raise ValueError(
+                f"timed_new_tokens = {self.timed_new_tokens}: must be >= 1 (or null for the answer length)"
+            )
         _ = self.revival_policy  # parsed once here: dynamic, frozen or budget:N; anything else is one line
         prior = self.prior  # read once here: a bad file or another model's prior is one line
         if prior is not None:
@@ -549,6 +560,7 @@ def load_preset(name_or_path: str, cls: type[EvalSettings] = SearchSettings) -> 
         raise ValueError(f"preset {path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"preset {path} must be a mapping of setting: value")
+    data = _renamed(data, f"preset {path}")
     known = set().union(*(_field_names(c) for c in _PRESET_CLASSES))
     unknown = set(map(str, data)) - known
     if unknown:
@@ -557,6 +569,57 @@ def load_preset(name_or_path: str, cls: type[EvalSettings] = SearchSettings) -> 
         )
     mine = _field_names(cls)
     return {k: v for k, v in data.items() if k in mine}
+
+
+RENAMED = {"timeout": "trials_timeout", "new_tokens": "timed_new_tokens"}
+"""Old setting name -> new one: the old spelling still works as a flag and as a preset key, with a
+warning (``timeout`` bounded the trials only, unlike Optuna's ``timeout``; ``new_tokens`` read like
+``max_new_tokens``)."""
+
+
+def _renamed(data: Mapping[Any, Any], where: str) -> dict[Any, Any]:
+    """``data`` with old setting names replaced by new ones (a warning for each; both is an error)."""
+    out = dict(data)
+    for old, new in RENAMED.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"{where}: {old!r} is the old name of {new!r}; give only {new!r}")
+            warnings.warn(f"{where}: {old!r} is deprecated; it is now {new!r}", FutureWarning, stacklevel=3)
+            out[new] = out.pop(old)
+    return out
+
+
+class _Null:
+    """What ``none`` on the command line parses to: null, given on purpose (None is "not given")."""
+
+    def __repr__(self) -> str:
+        return "none"
+
+
+NULL: Any = _Null()
+
+
+class _OldSpelling(argparse.Action):
+    """Stores the flag's value; warns when it was given by the old spelling of a renamed setting."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if option_string is not None and option_string != self.option_strings[0]:
+            warnings.warn(
+                f"{option_string} is deprecated; it is now {self.option_strings[0]}",
+                FutureWarning,
+                stacklevel=2,
+            )
+        setattr(namespace, self.dest, values)
+
+
+def _nullable(kind: type) -> Any:
+    """An argparse ``type`` taking ``none`` (or ``null``) as :data:`NULL`, else ``kind``."""
+
+    def parse(text: str) -> Any:
+        return NULL if text.strip().lower() in ("none", "null") else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error: "invalid int value"
+    return parse
 
 
 def resolve_settings(
@@ -568,7 +631,7 @@ def resolve_settings(
     values: dict[str, Any] = {}
     if preset:
         values.update(load_preset(preset, cls))
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    values.update({k: (None if v is NULL else v) for k, v in overrides.items() if v is not None})
     for f in fields(cls):
         if f.name in values:
             _check_type(f, values[f.name])
@@ -622,7 +685,7 @@ def add_flags(
     for f in fields(cls):
         if f.name in exclude or (only is not None and f.name not in only):
             continue
-        base, _ = _base_type(f)
+        base, nullable = _base_type(f)
         flag = "--" + f.name.replace("_", "-")
         meta = dict(f.metadata)
         text = (helps or {}).get(f.name) or str(meta.get("help", ""))
@@ -631,5 +694,20 @@ def add_flags(
         if base == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
             continue
-        kind = {"int": int, "float": float, "str": str}[base]
-        parser.add_argument(flag, type=kind, default=None, choices=meta.get("choices"), help=text)
+        kind: Any = {"int": int, "float": float, "str": str}[base]
+        if nullable and base != "str":  # a text setting keeps "none" as text (--tracking-uri none)
+            kind = _nullable(kind)
+        old = [f"--{o.replace('_', '-')}" for o, n in RENAMED.items() if n == f.name]
+        if old:
+            text += f" ({', '.join(old)}: the old spelling, deprecated)"
+        action: Any = _OldSpelling if old else "store"
+        parser.add_argument(
+            flag,
+            *old,
+            action=action,
+            dest=f.name,
+            type=kind,
+            default=None,
+            choices=meta.get("choices"),
+            help=text,
+        )

@@ -229,7 +229,7 @@ def _next_step(settings: SearchSettings, study: optuna.Study, elapsed: float) ->
     finished = sum(counts_towards_target(t) for t in study.get_trials(deepcopy=False))
     if finished >= settings.n_trials:
         return "done"
-    if settings.timeout is not None and elapsed > settings.timeout:
+    if settings.trials_timeout is not None and elapsed > settings.trials_timeout:
         return "timeout"
     if finished + c[TrialState.RUNNING] >= settings.n_trials:
         # the last slots are held by running trials: wait for them (or their retries); a queued

@@ -30,6 +30,9 @@ module uses ``MlflowClient`` with explicit run ids only, safe in any worker.
   a tracker opens or ends the study.
 * **Names**: one per quantity everywhere (Optuna's metric names, MLflow metrics, ``pareto.json``,
   the plots): ``speedup`` (measured TTFT or FLOP model, per ``speedup_kind``) and ``accuracy_loss``.
+* **The experiment** ``lazyllm-tuner`` is tagged ``mlflow.experimentKind=custom_model_development``
+  (also when an older version created it), so MLflow's UI opens it on the runs table, not on the
+  GenAI overview of traces.
 * **Where runs go**: ``sqlite:///<study folder>/mlflow.db`` by default (artifacts beside it), or any
   tracking URI; an HTTP server is checked with its ``/health`` endpoint before any trial runs. A
   password in a storage or tracking URL never reaches a param, a tag or a study attr
@@ -63,6 +66,9 @@ from tuner.study.stores import sqlite_path
 from tuner.study.workers import never_ran
 
 EXPERIMENT = "lazyllm-tuner"
+# MLflow's UI opens an experiment on the view its kind names; without the tag it shows the GenAI
+# overview (traces), with it the runs table where a study's parent and trials are
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _PARENT_ATTR = "mlflow_parent_run_id"
 _ROLE = "lazyllm.role"
 _STUDY = "lazyllm.study"
@@ -213,12 +219,17 @@ class Tracker:
 
         found = self.client.get_experiment_by_name(EXPERIMENT)
         if found is not None:
+            for key, value in EXPERIMENT_KIND.items():  # an experiment an older version created
+                if found.tags.get(key) != value:
+                    self.client.set_experiment_tag(found.experiment_id, key, value)
             return str(found.experiment_id)
         location = None
         if (file := sqlite_path(self.uri)) is not None:
             location = (file.parent / "mlartifacts").resolve().as_uri()
         try:
-            return str(self.client.create_experiment(EXPERIMENT, artifact_location=location))
+            return str(
+                self.client.create_experiment(EXPERIMENT, artifact_location=location, tags=EXPERIMENT_KIND)
+            )
         except MlflowException:  # another worker created it first
             again = self.client.get_experiment_by_name(EXPERIMENT)
             if again is None:

@@ -60,8 +60,8 @@ def test_a_calibration_without_cost_never_predicts_a_gain() -> None:
 
 def test_the_time_line_says_what_fits_and_what_would() -> None:
     assert timing_sentence(TIMING) == (
-        "At 30 s per trial (median of 18), --timeout 420 fits about 14 trials; --n-trials 60 needs about "
-        "--timeout 1800."
+        "At 30 s per trial (median of 18), --trials-timeout 420 fits about 14 trials; --n-trials 60 needs about "
+        "--trials-timeout 1800."
     )
     text = explain(decision_outcome(0.4, slope=8.0, slope_upper=10.0, max_scored=0.5), TIMING)
     assert text.endswith("18 of 60 trials finished. " + timing_sentence(TIMING))

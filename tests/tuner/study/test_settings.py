@@ -78,8 +78,8 @@ def test_evaluate_output_is_derived_from_the_settings() -> None:
         ({"max_accuracy_loss": math.nan}, "max_accuracy_loss = nan: must be a finite number"),
         ({"max_accuracy_loss": math.inf}, "must be a finite number"),
         ({"max_accuracy_loss": -1.0}, "must be >= 0"),
-        ({"timeout": math.nan}, "timeout = nan"),
-        ({"timeout": 0.0}, "must be > 0"),
+        ({"trials_timeout": math.nan}, "trials_timeout = nan"),
+        ({"trials_timeout": 0.0}, "must be > 0"),
         ({"task": "bogus"}, "Unknown task 'bogus'"),
         ({"language": "fr"}, "language = 'fr'"),
         ({"sampler": "bogus"}, "Unknown sampler 'bogus'. Available: gp, nsga2, random, tpe"),
@@ -302,3 +302,57 @@ def test_the_loaded_models_context_is_checked_too(tiny_folder: Path) -> None:
     check_context(10**7, None, None)  # a model that names no context
     with pytest.raises(ValueError, match=r"max_prompt_tokens = 8189: .* 8192-token context .* 4 new tokens"):
         check_context(8189, 4, 8192)
+
+
+def test_a_setting_that_may_be_null_takes_none_on_the_command_line(tmp_path: Path) -> None:
+    """Every numeric setting whose help says what none means can be set to none, over a preset too."""
+    preset = tmp_path / "p.yaml"
+    preset.write_text("n_examples: 3\nmax_new_tokens: 16\ntrials_timeout: 60\nconfirm_n_examples: 5\n")
+    given = parse_settings(["--preset", str(preset)])
+    assert (given.n_examples, given.max_new_tokens, given.trials_timeout, given.confirm_n_examples) == (
+        3,
+        16,
+        60,
+        5,
+    )
+    flags = ["--n-examples", "none", "--max-new-tokens", "None", "--trials-timeout", "null"]
+    nulled = parse_settings(["--preset", str(preset), *flags, "--confirm-n-examples", "none"])
+    assert (nulled.n_examples, nulled.max_new_tokens, nulled.trials_timeout, nulled.confirm_n_examples) == (
+        None, None, None, None
+    )  # fmt: skip
+    assert (
+        SearchSettings().trials_timeout == 420
+        and parse_settings(["--trials-timeout", "none"]).trials_timeout is None
+    )
+    for name in ("n_examples", "max_new_tokens", "trials_timeout", "heldout_n_examples", "timed_new_tokens"):
+        field = SearchSettings.__dataclass_fields__[name]
+        assert "none = " in field.metadata["help"] or "/ none" in field.metadata["help"], name
+    # a text setting keeps "none" as text: it means "off" for the tracking URI
+    assert parse_settings(["--tracking-uri", "none"]).tracking_uri == "none"
+    evaluated = evaluate_settings(
+        evaluate_parser().parse_args(["--methods", "baseline", "--n-examples", "none"])
+    )
+    assert evaluated.n_examples is None
+    with pytest.raises(SystemExit):  # anything else is still an int
+        parse_settings(["--n-examples", "nothing"])
+
+
+def test_renamed_settings_say_what_they_bound_and_keep_their_old_spelling(tmp_path: Path) -> None:
+    """--trials-timeout bounds the trials only (Optuna's timeout bounds a whole optimize call);
+    --timed-new-tokens cannot be taken for --max-new-tokens. The old spellings still work, deprecated."""
+    assert parse_settings(["--trials-timeout", "90"]).trials_timeout == 90
+    with pytest.warns(FutureWarning, match="--timeout is deprecated; it is now --trials-timeout"):
+        assert parse_settings(["--timeout", "90"]).trials_timeout == 90  # the old flag
+    assert parse_settings(["--timed-new-tokens", "7"]).timed_new_tokens == 7
+    with pytest.warns(FutureWarning, match="--new-tokens is deprecated; it is now --timed-new-tokens"):
+        assert parse_settings(["--new-tokens", "7"]).timed_new_tokens == 7
+    assert not {"timeout", "new_tokens"} & set(SearchSettings.__dataclass_fields__)
+    old = tmp_path / "old.yaml"
+    old.write_text("timeout: 90\nnew_tokens: 7\n")
+    with pytest.warns(FutureWarning, match="'timeout' is deprecated; it is now 'trials_timeout'"):
+        settings = parse_settings(["--preset", str(old)])
+    assert (settings.trials_timeout, settings.timed_new_tokens) == (90, 7)
+    both = tmp_path / "both.yaml"
+    both.write_text("timeout: 90\ntrials_timeout: 60\n")
+    with pytest.raises(ValueError, match="'timeout' is the old name of 'trials_timeout'; give only"):
+        parse_settings(["--preset", str(both)])

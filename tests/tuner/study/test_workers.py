@@ -21,7 +21,7 @@ def _study(tmp_path: Path) -> optuna.Study:
 
 
 def _settings(n_trials: int, timeout: float | None = None) -> SimpleNamespace:
-    return SimpleNamespace(n_trials=n_trials, timeout=timeout, heartbeat_grace=2)
+    return SimpleNamespace(n_trials=n_trials, trials_timeout=timeout, heartbeat_grace=2)
 
 
 def test_runs_exactly_n_finished_trials_and_resumes(tmp_path: Path) -> None:

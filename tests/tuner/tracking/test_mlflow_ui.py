@@ -105,6 +105,8 @@ def test_readme_ui_shows_what_it_promises(tiny_folder: Path, tmp_path: Path) -> 
 
         experiment = _get(base, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="lazyllm-tuner")
         exp_id = experiment["experiment"]["experiment_id"]
+        kind = {t["key"]: t["value"] for t in experiment["experiment"].get("tags", [])}
+        assert kind.get("mlflow.experimentKind") == "custom_model_development"  # the UI opens on the runs
         runs = _post(base, "/api/2.0/mlflow/runs/search", {"experiment_ids": [exp_id], "max_results": 100})[
             "runs"
         ]

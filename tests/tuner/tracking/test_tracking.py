@@ -30,7 +30,7 @@ from tuner.study.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
 from tuner.study.workers import DuplicateSchedule, never_ran
-from tuner.tracking.runs import EXPERIMENT, Tracker, end_open_runs, trial_counts
+from tuner.tracking.runs import EXPERIMENT, EXPERIMENT_KIND, Tracker, end_open_runs, trial_counts
 
 
 def free_port() -> int:
@@ -205,6 +205,26 @@ def test_failed_and_interrupted_trials_get_failed_runs(tmp_path: Path) -> None:
     assert sorted(_children(again)) == [0, 1] and len(again.child_runs()) == 2
     end_open_runs("FAILED", "error: something broke")
     assert again.client.get_run(again.parent_id).info.status == "FAILED"
+
+
+def test_the_experiment_opens_on_its_runs_in_the_mlflow_ui(tmp_path: Path) -> None:
+    # MLflow's UI picks the experiment's landing view from this tag: runs, not the GenAI traces
+    settings, study, uri = _toy(tmp_path)
+    Tracker(uri, settings, study, Budget.from_settings(settings))
+    store = MlflowClient(tracking_uri=uri)  # read back from the store itself, not the tracker
+    experiment = store.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert EXPERIMENT_KIND == {"mlflow.experimentKind": "custom_model_development"}
+
+    # an experiment an older version created without the tag gets it when a study opens it again
+    older = tmp_path / "older"
+    older.mkdir()
+    settings, study, uri = _toy(older)
+    MlflowClient(tracking_uri=uri).create_experiment(EXPERIMENT)
+    Tracker(uri, settings, study, Budget.from_settings(settings))
+    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None and experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_refused_duplicates_get_no_run_and_runs_span_their_trials(tmp_path: Path) -> None:
