@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -122,6 +123,54 @@ def assert_evaluated_once(trials: list[Any]) -> None:
             first[key] = t
             continue
         assert t.datetime_start < first[key].datetime_complete, (t.number, first[key].number)
+
+
+_RECORDERS: list[tuple[str, list[tuple[Any, ...]]]] = []
+
+
+def _record_audit(event: str, args: tuple[Any, ...]) -> None:
+    for wanted, seen in _RECORDERS:
+        if event == wanted:
+            seen.append(args)
+
+
+_HOOKED: list[bool] = []  # audit hooks cannot be removed: one per process, added at first use
+
+
+@contextmanager
+def audited(event: str) -> Iterator[list[tuple[Any, ...]]]:
+    """The arguments of every ``event`` (a :func:`sys.audit` event: ``"open"`` gives ``(path, mode,
+    flags)``, ``"socket.connect"`` gives ``(socket, address)``) raised in this process inside the block:
+    what the code really did (files opened, connections tried), counted without replacing any of it."""
+    if not _HOOKED:
+        sys.addaudithook(_record_audit)  # silent outside a block
+        _HOOKED.append(True)
+    entry: tuple[str, list[tuple[Any, ...]]] = (event, [])
+    _RECORDERS.append(entry)
+    try:
+        yield entry[1]
+    finally:
+        _RECORDERS.remove(entry)
+
+
+@contextmanager
+def database_connects() -> Iterator[list[tuple[str, Any, Any]]]:
+    """``(dialect, host, port)`` of every connection SQLAlchemy tried to open in this process inside the
+    block, whether it succeeded or not (its ``do_connect`` event, on every engine): counted without
+    replacing anything. A driver such as libpq connects in C, out of sight of :func:`audited`."""
+    import sqlalchemy
+    from sqlalchemy import event
+
+    tried: list[tuple[str, Any, Any]] = []
+
+    def record(dialect: Any, conn_rec: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        tried.append((dialect.name, cparams.get("host"), cparams.get("port")))
+
+    event.listen(sqlalchemy.engine.Engine, "do_connect", record)
+    try:
+        yield tried
+    finally:
+        event.remove(sqlalchemy.engine.Engine, "do_connect", record)
 
 
 def wait_for_http(url: str, proc: Any, log: Path, *, what: str, timeout: float = 120) -> None:

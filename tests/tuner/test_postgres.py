@@ -35,7 +35,10 @@ def _plain(url: str) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A throwaway database, dropped afterwards."""
-    psycopg = pytest.importorskip("psycopg")
+    if os.environ.get("CI"):  # .ci/run sets it: there a missing driver fails, never skips
+        import psycopg
+    else:
+        psycopg = pytest.importorskip("psycopg")
     try:
         admin = psycopg.connect(_plain(BASE), autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as exc:

@@ -443,8 +443,12 @@ def test_real_shared_files(tokenizer: Any) -> None:
             ids = encode_prompt(tokenizer, _prompt(record), True, 10**9)
             assert 1024 - 200 <= len(ids) <= 1024
             assert all(corpus.passages[i].text in record.context for i in questions[record.id].gold)
-    assert len(corpus.questions) == 4299  # squad-long: every answerable question of the shared file
-    for split in ("validation", "test"):  # 24 articles; in file order 100 questions cover 1-2
+    # squad-long: every answerable question of the file (the shared subset holds 4,299 of 24 articles)
+    squad = json.loads((SHARED / FILES["squad-long"]).read_text(encoding="utf-8"))
+    qas = [qa for article in squad["data"] for p in article["paragraphs"] for qa in p["qas"]]
+    assert len(corpus.questions) == sum(not qa.get("is_impossible", False) for qa in qas) > 0
+    # the shared subset has 24 articles (its README); in file order 100 questions cover 1-2 of them
+    for split in ("validation", "test"):
         assert len({g for q in split_questions(corpus, split)[:100] for g in q.groups}) >= 20
 
 

@@ -136,7 +136,10 @@ def test_speed_is_measured_by_tuner_speed_and_keep_all_is_about_1x(
     for m in (speed.ttft, speed.total):
         assert m.rounds >= 3 and len(m.schedule_s) == m.rounds  # interleaved rounds, every timing kept
         assert m.speedup == min(m.baseline_s) / min(m.schedule_s)  # minimum per side
-        assert 0.5 <= m.speedup <= 2.0  # keep-all does the unpruned work: no real speedup or slowdown
+        # keep-all does the unpruned work: no real speedup or slowdown. Time is the property here, so the
+        # bound is wide: the thread clock ignores waiting for the CPU, but other processes still move
+        # this thread's cache and clock speed; a side timed doing nothing would be far outside it
+        assert 0.25 <= m.speedup <= 4.0
     with pytest.raises(ValueError, match="timing clock = 'nope'"):
         evaluator.measure_speed(keep_all, timing, 1.0, clock="nope")
 

@@ -109,11 +109,12 @@ def test_fidelity_evaluator_keeps_prefixes_within_its_memory_cap(tiny_folder: Pa
 
 
 def test_by_default_prefixes_are_kept_within_a_share_of_free_memory(
-    tiny_folder: Path, tmp_path: Path
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No fixed cap: the share of the memory free when the first prefix is captured (so a study's
     evaluators built later see what earlier ones left); a share of 0 keeps none, and bad caps are refused."""
-    from tuner.evaluation.fidelity import PREFIX_MEMORY_SHARE, free_memory_bytes
+    from tuner.evaluation import fidelity
+    from tuner.evaluation.fidelity import PREFIX_MEMORY_SHARE
     from tuner.stages.trial import prefix_share
     from tuner.study.settings import SearchSettings
 
@@ -121,10 +122,20 @@ def test_by_default_prefixes_are_kept_within_a_share_of_free_memory(
     cfg = EvalSettings(model=str(tiny_folder), task="qa", n_examples=2, max_prompt_tokens=64,
                        max_new_tokens=4, data_dir=longbench_dir())  # fmt: skip
     ev = Evaluator(model, tokenizer, cfg, tmp_path / "cache", progress=False)
-    free = free_memory_bytes(torch.device("cpu"))
-    assert free > 2 * 1024**3  # this machine's MemAvailable, read from /proc/meminfo
+    # every reading of free memory, counted (the real one: free memory moves between two readings)
+    reads: list[int] = []
+    real = fidelity.free_memory_bytes
+
+    def counted(device: torch.device) -> int:
+        reads.append(real(device))
+        return reads[-1]
+
+    monkeypatch.setattr(fidelity, "free_memory_bytes", counted)
     fid = FidelityEvaluator(ev)
-    assert fid.prefix_bytes == pytest.approx(PREFIX_MEMORY_SHARE * free, rel=0.2)
+    assert reads == []  # not read when built
+    share = fid.prefix_bytes
+    assert len(reads) == 1 and reads[0] > 0 and share == int(PREFIX_MEMORY_SHARE * reads[0])  # one reading
+    assert fid.prefix_bytes == share and len(reads) == 1  # fixed on first use: not read again
     layers = model.config.num_hidden_layers
     pruned = LazyLLM(
         model, Schedule.from_layers(model.config.name_or_path, layers, {1: 50}), strict_model_name=False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,9 +114,9 @@ def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_retried(tmp_pat
         ran.append(trial.suggest_float("x", 0, 1))
         return ran[-1], 0.0
 
-    began = time.monotonic()
+    # "done", not "timeout": the orphan was failed once its heartbeat went stale, not waited out (a
+    # worker that waited for it would stop at --timeout, 30 s, and say so)
     assert run_trials(_settings(1, timeout=30), study, objective, [], poll_s=0.2) == "done"  # type: ignore[arg-type]
-    assert time.monotonic() - began < 15  # about two grace periods, not the timeout
     trials = study.get_trials()
     assert trials[0].state == TrialState.FAIL  # the orphan, failed once its heartbeat went stale
     assert [t.state for t in trials[1:]] == [TrialState.COMPLETE] and ran == [0.25]  # its queued retry
