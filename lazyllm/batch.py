@@ -1,4 +1,4 @@
-"""Greedy decoding of many ``frozen`` generations as one batch, for scoring many of them cheaply.
+"""Decoding of many ``frozen`` generations as one batch: for scoring many of them cheaply, and for serving.
 
 :meth:`LazyLLM.generate` decodes one sequence at a time, because a schedule that revives tokens
 gives every sequence its own active set at every step. A schedule whose decoding steps prune and
@@ -22,15 +22,32 @@ schedules, as long as they run on one model:
 Each request then has the tokens :meth:`LazyLLM.generate` would give it alone: the same keys are
 attended with the same weights (keys are stored after their rotary embedding, so a slot's place in
 the cache does not matter), and the logits agree up to float rounding (a batched matmul may sum in
-another order), so an argmax can flip only where two logits tie to rounding. Greedy only. The
-results carry no timing: ``ttft_s`` is the request's prefill alone, ``total_s`` runs from its
-prefill to its last token, other requests' work included. Time with :meth:`LazyLLM.generate`.
+another order), so an argmax can flip only where two logits tie to rounding.
+
+**Sampling.** A request's ``sampling`` (None: greedy) chooses its tokens as ``generate`` does, with
+its own :class:`~lazyllm.sampling.TokenPicker`: a private ``torch.Generator`` seeded with the
+request's ``seed``, drawing once per token of that request only. So a sampled request draws the same
+random numbers as ``LazyLLM.generate(..., seed=seed)`` alone, whatever else is in the batch; its
+tokens are the same wherever the batched logits round like the lone ones (always at batch size 1).
+
+**Callbacks and cancelling.** ``on_token(i, token_id)`` is called for each new token of request ``i``
+(its index in ``requests``), in order, as soon as it is chosen: the first right after the request's
+prefill, later ones after each batched step. It sees exactly the result's ``token_ids``. Returning
+``False`` (``None`` counts as going on) cancels request ``i``: it leaves the batch before the next
+step (no more compute for it), and its result has ``finish_reason == "cancelled"``, its tokens
+those chosen so far (the refused one included).
+
+**Timing.** Every time is measured from the start of the ``generate_batch`` call (``t0``), for
+every request, whichever chunk of ``batch_size`` it runs in: ``ttft_s`` is ``t0`` to the request's
+first token (so it includes the earlier chunks and the prefills run before its own), ``total_s``
+``t0`` to its last token (or to its cancellation). These are what a caller who submitted all the
+requests at ``t0`` waits; a request's own compute is not separable from its neighbours'.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,16 +56,22 @@ import torch
 from lazyllm.architectures import DecoderStack
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers
 from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
-from lazyllm.sampling import Sampling
+from lazyllm.sampling import Sampling, TokenPicker
 from lazyllm.text import StopCriteria
 from lazyllm.timing import synchronize
 
 DEFAULT_BATCH_SIZE = 8
 
+CANCELLED = "cancelled"
+"""The ``finish_reason`` of a request whose ``on_token`` callback returned False."""
+
+OnToken = Callable[[int, int], bool | None]
+"""``on_token(i, token_id)``: a new token of request ``i``; return False to cancel that request."""
+
 
 @dataclass(frozen=True)
 class BatchRequest:
-    """One greedy generation to decode together with others.
+    """One generation to decode together with others.
 
     Attributes:
         engine: the engine whose schedule prunes the prompt; its decoding must be frozen
@@ -64,6 +87,9 @@ class BatchRequest:
             generation's own prefill, which so runs once for both.
         force_own: teacher-force the request's own answer once it is decoded (``forced_logits``
             along ``token_ids``, from the same prefill): the unpruned model's reference in one prefill.
+        sampling: how tokens are chosen (:class:`~lazyllm.sampling.Sampling`; None: greedy).
+        seed: seeds the request's own random generator, overriding ``sampling.seed`` (None: keep
+            it); the same seed gives the draws of ``LazyLLM.generate(..., seed=seed)`` alone.
     """
 
     engine: LazyLLM
@@ -74,6 +100,8 @@ class BatchRequest:
     eos_token_id: int | tuple[int, ...] | None = None
     forced: tuple[int, ...] | None = None
     force_own: bool = False
+    sampling: Sampling | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -87,6 +115,13 @@ class BatchRequest:
                 f"schedule with revival {self.engine.schedule.revival} revives tokens while decoding, "
                 "so its steps cannot be batched; use LazyLLM.generate, or a frozen schedule"
             )
+        if self.seed is not None:
+            Sampling(seed=self.seed)  # validates it
+
+    @property
+    def decoding(self) -> Sampling:
+        """The request's decoding strategy, its ``seed`` applied."""
+        return Sampling.resolve(self.sampling, seed=self.seed)
 
 
 def decodes_frozen(engine: LazyLLM) -> bool:
@@ -110,6 +145,8 @@ class _Row:
     revival: str
     scoring: str
     tokens: list[int]
+    sampling: Sampling
+    picker: TokenPicker | None  # None: greedy
     forced_logits: torch.Tensor | None = None
     own: tuple[LazyLLM, Any, torch.Tensor] | None = None  # engine, prefill state, logits: to force
     finish: str | None = None
@@ -117,10 +154,13 @@ class _Row:
 
 
 def generate_batch(
-    requests: Sequence[BatchRequest], *, batch_size: int = DEFAULT_BATCH_SIZE
+    requests: Sequence[BatchRequest],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    on_token: OnToken | None = None,
 ) -> list[GenerationResult]:
-    """The greedy generation of every request, in order, decoded ``batch_size`` at a time (see the
-    module docstring). All requests must run on one model."""
+    """The generation of every request, in order, decoded ``batch_size`` at a time (see the module
+    docstring for sampling, ``on_token`` and timing). All requests must run on one model."""
     if batch_size < 1:
         raise ValueError(f"batch_size = {batch_size}: must be >= 1")
     if not requests:
@@ -128,17 +168,20 @@ def generate_batch(
     model = requests[0].engine.model
     if any(r.engine.model is not model for r in requests):
         raise ValueError("the requests of one batch must share one model; batch each model's apart")
+    t0 = time.perf_counter()
     results: list[GenerationResult | None] = [None] * len(requests)
     for start in range(0, len(requests), batch_size):
         chunk = list(enumerate(requests))[start : start + batch_size]
-        for i, result in _decode_chunk(chunk):
+        for i, result in _decode_chunk(chunk, t0, on_token):
             results[i] = result
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
 
 
 @torch.inference_mode()
-def _decode_chunk(chunk: list[tuple[int, BatchRequest]]) -> list[tuple[int, GenerationResult]]:
+def _decode_chunk(
+    chunk: list[tuple[int, BatchRequest]], t0: float, on_token: OnToken | None
+) -> list[tuple[int, GenerationResult]]:
     engine = chunk[0][1].engine
     stack = engine.stack
     layers, inner = lazyllm_layers(engine.model, stack.layers)
@@ -146,17 +189,27 @@ def _decode_chunk(chunk: list[tuple[int, BatchRequest]]) -> list[tuple[int, Gene
     rows: list[_Row] = []
     caches: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []  # per row, per layer
     for index, request in chunk:
-        t0 = time.perf_counter()
         row, cache = _prefill(index, request, t0)
+        _offer(row, on_token)
         rows.append(row)
         if row.finish is None:
             caches.append(cache)
     live = [r for r in rows if r.finish is None]
     if live:
-        _decode_together(stack, layers, inner, device, live, caches)
+        _decode_together(stack, layers, inner, device, live, caches, on_token)
     for row in rows:
         _force_own(row)
     return [(r.index, _result(r)) for r in rows]
+
+
+def _offer(row: _Row, on_token: OnToken | None) -> None:
+    """Hand the row's newest token to ``on_token`` and set ``row.finish`` if the row ends with it."""
+    if on_token is not None and on_token(row.index, row.tokens[-1]) is False:
+        row.finish = CANCELLED
+    elif row.finish is None:
+        row.finish = row.stop.check(row.tokens) or ("length" if len(row.tokens) >= row.limit else None)
+    if row.finish is not None:
+        row.end = time.perf_counter()
 
 
 def _prefill(
@@ -177,9 +230,11 @@ def _prefill(
     n = ids.shape[1]
     forced = request.forced or ()
     room = request.max_new_tokens if request.force_own else len(forced)
+    sampling = request.decoding
+    picker = None if sampling.greedy else sampling.picker(ids, request.max_new_tokens)
     gen = engine._begin(ids, n + room, store_kv=True, trace=False)
     logits = engine._forward(gen, ids, 0, prefix=prefix)
-    token = int(logits[0].argmax())
+    token = int(logits[0].argmax()) if picker is None else int(picker.pick(logits))
     synchronize(ids.device)
     state = gen.state
     row = _Row(
@@ -194,8 +249,9 @@ def _prefill(
         revival=str(gen.revival),
         scoring=str(gen.scoring),
         tokens=[token],
+        sampling=sampling,
+        picker=picker,
     )
-    row.finish = stop.check(row.tokens) or ("length" if row.limit == 1 else None)
     cache = []
     for kv in state.kv:
         if kv.keys is None or kv.values is None:
@@ -217,6 +273,16 @@ def _force_own(row: _Row) -> None:
         row.own = None
 
 
+def _pick(rows: list[_Row], logits: torch.Tensor) -> list[int]:
+    """Each row's next token from the step's ``[B, vocab]`` float32 logits: the argmax for greedy
+    rows, the row's own picker (its processors and random stream) for the others."""
+    chosen: list[int] = logits.argmax(dim=-1).tolist()
+    for b, row in enumerate(rows):
+        if row.picker is not None:
+            chosen[b] = int(row.picker.pick(logits[b : b + 1]))
+    return chosen
+
+
 def _decode_together(
     stack: DecoderStack,
     layers: tuple[torch.nn.Module, ...],
@@ -224,6 +290,7 @@ def _decode_together(
     device: torch.device,
     rows: list[_Row],
     caches: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
+    on_token: OnToken | None,
 ) -> None:
     """Decode ``rows`` (each with its first token) together until every one has stopped."""
     steps = max(r.limit for r in rows) - 1
@@ -282,15 +349,13 @@ def _decode_together(
                 position_embeddings=embeddings[stack.layer_types[index]],
                 **{CALL_KWARG: AttentionCall(inner=inner, store=store)},
             )
-        chosen = stack.logits(hidden).float().argmax(dim=-1).tolist()
+        chosen = _pick(live, stack.logits(hidden).float())
         keep = []
         for b, (row, token) in enumerate(zip(live, chosen)):
-            row.tokens.append(int(token))
-            row.finish = row.stop.check(row.tokens) or ("length" if len(row.tokens) >= row.limit else None)
+            row.tokens.append(token)
+            _offer(row, on_token)
             if row.finish is None:
                 keep.append(b)
-            else:
-                row.end = time.perf_counter()
         if not keep:
             return
         if len(keep) < len(live):
@@ -319,6 +384,6 @@ def _result(row: _Row) -> GenerationResult:
         aux_peak_bytes=0,
         revival=row.revival,
         scoring=row.scoring,
-        sampling=Sampling(),
+        sampling=row.sampling,
         forced_logits=row.forced_logits,
     )
