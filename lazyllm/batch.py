@@ -53,7 +53,6 @@ from typing import Any
 
 import torch
 
-from lazyllm.architectures import DecoderStack
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers
 from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
 from lazyllm.sampling import Sampling, TokenPicker
@@ -183,20 +182,19 @@ def _decode_chunk(
     chunk: list[tuple[int, BatchRequest]], t0: float, on_token: OnToken | None
 ) -> list[tuple[int, GenerationResult]]:
     engine = chunk[0][1].engine
-    stack = engine.stack
-    layers, inner = lazyllm_layers(engine.model, stack.layers)
-    device = engine.device
     rows: list[_Row] = []
-    caches: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []  # per row, per layer
+    prefills: list[RowPrefill] = []
     for index, request in chunk:
-        row, cache = _prefill(index, request, t0)
+        row, prefill = _prefill(index, request, t0)
         _offer(row, on_token)
         rows.append(row)
         if row.finish is None:
-            caches.append(cache)
+            prefills.append(prefill)
     live = [r for r in rows if r.finish is None]
     if live:
-        _decode_together(stack, layers, inner, device, live, caches, on_token)
+        decoder = FrozenDecoder(engine, prefills, room=max(r.limit for r in live) - 1)
+        prefills.clear()  # the rows' own stores are no longer needed
+        _decode_together(decoder, live, on_token)
     for row in rows:
         _force_own(row)
     return [(r.index, _result(r)) for r in rows]
@@ -212,10 +210,57 @@ def _offer(row: _Row, on_token: OnToken | None) -> None:
         row.end = time.perf_counter()
 
 
-def _prefill(
-    index: int, request: BatchRequest, t0: float
-) -> tuple[_Row, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
-    """The request's pruned prefill alone, its first token, and its per-layer (keys, values, positions)."""
+KV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""One layer's stored keys ``[1, KVH, m, D]``, values (the same) and slot positions ``[m]``."""
+
+
+@dataclass
+class RowPrefill:
+    """One prompt's pruned prefill, ready to decode in a batch.
+
+    Attributes:
+        gen: the engine's state of the generation (its stores; for teacher forcing after it).
+        logits: ``[1, vocab]`` float32 next-token logits after the prompt.
+        n: prompt tokens (the first generated token sits at position ``n``).
+        cache: per layer, what the prefill stored there (:data:`KV`): ``C_l``'s keys, values, positions.
+    """
+
+    gen: Any
+    logits: torch.Tensor
+    n: int
+    cache: list[KV]
+
+    @property
+    def per_layer(self) -> list[float]:
+        """Share of the prompt each layer computed."""
+        state = self.gen.state
+        return list((state.slot_of[:, : self.n] >= 0).float().mean(dim=1).tolist())
+
+    @property
+    def computed(self) -> float:
+        """Share of (prompt token, layer) pairs computed."""
+        return float(self.gen.prompt_pairs / (self.n * len(self.cache)))
+
+
+def prefill_row(
+    engine: LazyLLM, ids: torch.Tensor, *, prefix: PromptPrefix | None = None, room: int = 0
+) -> RowPrefill:
+    """The pruned prefill of ``ids`` ``[1, n]`` alone (exactly :meth:`LazyLLM.generate`'s), with room
+    for ``room`` more tokens in its own stores (for teacher forcing from it)."""
+    n = ids.shape[1]
+    gen = engine._begin(ids, n + room, store_kv=True, trace=False)
+    logits = engine._forward(gen, ids, 0, prefix=prefix)
+    cache = []
+    for kv in gen.state.kv:
+        if kv.keys is None or kv.values is None:
+            raise RuntimeError("a prefill left a layer's KV store empty (engine bug)")
+        m = kv.length
+        cache.append((kv.keys[:, :, :m], kv.values[:, :, :m], kv.slot_positions().clone()))
+    return RowPrefill(gen=gen, logits=logits, n=n, cache=cache)
+
+
+def _prefill(index: int, request: BatchRequest, t0: float) -> tuple[_Row, RowPrefill]:
+    """The request's pruned prefill alone and its first token."""
     engine = request.engine
     ids, stop = engine._prepare(
         torch.as_tensor(request.input_ids),
@@ -227,42 +272,34 @@ def _prefill(
     prefix = request.prefix
     if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
         raise ValueError("prefix was captured from another prompt; capture it from this one")
-    n = ids.shape[1]
     forced = request.forced or ()
     room = request.max_new_tokens if request.force_own else len(forced)
     sampling = request.decoding
     picker = None if sampling.greedy else sampling.picker(ids, request.max_new_tokens)
-    gen = engine._begin(ids, n + room, store_kv=True, trace=False)
-    logits = engine._forward(gen, ids, 0, prefix=prefix)
+    prefill = prefill_row(engine, ids, prefix=prefix, room=room)
+    logits = prefill.logits
     token = int(logits[0].argmax()) if picker is None else int(picker.pick(logits))
     synchronize(ids.device)
-    state = gen.state
     row = _Row(
         index=index,
-        n=n,
+        n=prefill.n,
         limit=request.max_new_tokens,
         stop=stop,
         t0=t0,
         ttft=time.perf_counter() - t0,
-        per_layer=(state.slot_of[:, :n] >= 0).float().mean(dim=1).tolist(),
-        computed=gen.prompt_pairs / (n * engine.stack.num_layers),
-        revival=str(gen.revival),
-        scoring=str(gen.scoring),
+        per_layer=prefill.per_layer,
+        computed=prefill.computed,
+        revival=str(prefill.gen.revival),
+        scoring=str(prefill.gen.scoring),
         tokens=[token],
         sampling=sampling,
         picker=picker,
     )
-    cache = []
-    for kv in state.kv:
-        if kv.keys is None or kv.values is None:
-            raise RuntimeError("a prefill left a layer's KV store empty (engine bug)")
-        m = kv.length
-        cache.append((kv.keys[:, :, :m], kv.values[:, :, :m], kv.slot_positions().clone()))
-    if forced:  # appends after the prefill's slots (room was made for it): the views above stay
-        row.forced_logits = engine._forced_rest(gen, logits, n, forced)
+    if forced:  # appends after the prefill's slots (room was made for it): its cache views stay
+        row.forced_logits = engine._forced_rest(prefill.gen, logits, prefill.n, forced)
     elif request.force_own:  # once its answer is known (_force_own)
-        row.own = (engine, gen, logits)
-    return row, cache
+        row.own = (engine, prefill.gen, logits)
+    return row, prefill
 
 
 def _force_own(row: _Row) -> None:
@@ -283,45 +320,97 @@ def _pick(rows: list[_Row], logits: torch.Tensor) -> list[int]:
     return chosen
 
 
-def _decode_together(
-    stack: DecoderStack,
-    layers: tuple[torch.nn.Module, ...],
-    inner: str,
-    device: torch.device,
-    rows: list[_Row],
-    caches: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
-    on_token: OnToken | None,
-) -> None:
+def _decode_together(decoder: FrozenDecoder, rows: list[_Row], on_token: OnToken | None) -> None:
     """Decode ``rows`` (each with its first token) together until every one has stopped."""
-    steps = max(r.limit for r in rows) - 1
-    keys, values, positions, valid, base = [], [], [], [], []
-    for li in range(len(layers)):
-        parts = [c[li] for c in caches]
-        longest = max(k.shape[2] for k, _, _ in parts)
-        first = parts[0][0]
-        shape = (len(parts), first.shape[1], longest + steps, first.shape[3])
-        k_all, v_all = first.new_zeros(shape), first.new_zeros(shape)
-        p_all = torch.zeros(shape[0], shape[2], dtype=torch.long, device=device)
-        ok = torch.zeros(shape[0], shape[2], dtype=torch.bool, device=device)
-        for b, (k, v, p) in enumerate(parts):
-            m = k.shape[2]
-            k_all[b, :, :m], v_all[b, :, :m], p_all[b, :m], ok[b, :m] = k[0], v[0], p, True
-        keys.append(k_all)
-        values.append(v_all)
-        positions.append(p_all)
-        valid.append(ok)
-        base.append(longest)
-    caches.clear()  # the rows' own stores are no longer needed
     live = list(rows)
-    n = torch.tensor([r.n for r in live], device=device)
-    for step in range(steps):
-        tokens = torch.tensor([[r.tokens[-1]] for r in live], device=device)
-        pos = n + step  # [B] where each row's newest token sits
-        hidden = stack.embed(tokens)
+    while live:
+        device = decoder.device
+        logits = decoder.step(torch.tensor([r.tokens[-1] for r in live], device=device))
+        keep = []
+        for b, (row, token) in enumerate(zip(live, _pick(live, logits))):
+            row.tokens.append(token)
+            _offer(row, on_token)
+            if row.finish is None:
+                keep.append(b)
+        if len(keep) < len(live):
+            decoder.keep(keep)
+            live = [live[b] for b in keep]
+
+
+class FrozenDecoder:
+    """Decoding steps of ``frozen`` prefills as one batch (the module docstring's steps 2 and 3).
+
+    Per layer ``l`` the rows' stores are stacked into one ``[B, KVH, L_l + room, D]`` cache (``L_l``:
+    the most tokens any row computed at ``l``), with slot positions and a validity mask; each
+    :meth:`step` writes every row's new key/value into the next free slot (the buffers double when
+    full). The rows may come from engines with different schedules, on one model.
+
+    Args:
+        engine: any engine on the rows' model (its stack and attention kernel are used).
+        prefills: the rows' prefills, in batch order.
+        room: decoding steps to make room for up front.
+    """
+
+    def __init__(self, engine: LazyLLM, prefills: Sequence[RowPrefill], room: int = 0) -> None:
+        self.stack = engine.stack
+        self.layers, self.inner = lazyllm_layers(engine.model, self.stack.layers)
+        self.device = engine.device
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.positions: list[torch.Tensor] = []
+        self.valid: list[torch.Tensor] = []
+        self.base: list[int] = []  # per layer: the slot of step 0
+        for li in range(len(self.layers)):
+            parts = [p.cache[li] for p in prefills]
+            longest = max(k.shape[2] for k, _, _ in parts)
+            first = parts[0][0]
+            shape = (len(parts), first.shape[1], longest + max(room, 1), first.shape[3])
+            k_all, v_all = first.new_zeros(shape), first.new_zeros(shape)
+            p_all = torch.zeros(shape[0], shape[2], dtype=torch.long, device=self.device)
+            ok = torch.zeros(shape[0], shape[2], dtype=torch.bool, device=self.device)
+            for b, (k, v, p) in enumerate(parts):
+                m = k.shape[2]
+                k_all[b, :, :m], v_all[b, :, :m], p_all[b, :m], ok[b, :m] = k[0], v[0], p, True
+            self.keys.append(k_all)
+            self.values.append(v_all)
+            self.positions.append(p_all)
+            self.valid.append(ok)
+            self.base.append(longest)
+        self.n = torch.tensor([p.n for p in prefills], device=self.device)
+        self.steps = 0
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.n.shape[0])
+
+    def _grow(self) -> None:
+        """Double every layer's room for new slots."""
+        for li in range(len(self.layers)):
+            extra = self.keys[li].shape[2]
+            k = self.keys[li]
+            self.keys[li] = torch.cat([k, k.new_zeros(*k.shape[:2], extra, k.shape[3])], 2)
+            v = self.values[li]
+            self.values[li] = torch.cat([v, v.new_zeros(*v.shape[:2], extra, v.shape[3])], 2)
+            p = self.positions[li]
+            self.positions[li] = torch.cat([p, p.new_zeros(p.shape[0], extra)], 1)
+            ok = self.valid[li]
+            self.valid[li] = torch.cat([ok, ok.new_zeros(ok.shape[0], extra)], 1)
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed each row's newest token ``tokens`` ``[B]`` at its next position; return ``[B, vocab]``
+        float32 next-token logits."""
+        stack, device, step = self.stack, self.device, self.steps
+        if any(self.base[li] + step >= self.keys[li].shape[2] for li in range(len(self.layers))):
+            self._grow()
+        pos = self.n + step  # [B] where each row's newest token sits
+        hidden = stack.embed(tokens[:, None])
         embeddings = stack.position_embeddings(hidden, pos[:, None])
-        for index, layer in enumerate(layers):
-            slot = base[index] + step
-            keys_l, values_l, pos_l, ok_l = keys[index], values[index], positions[index], valid[index]
+        for index, layer in enumerate(self.layers):
+            slot = self.base[index] + step
+            keys_l, values_l, pos_l, ok_l = (
+                self.keys[index], self.values[index], self.positions[index], self.valid[index]
+            )  # fmt: skip
             pos_l[:, slot] = pos
             ok_l[:, slot] = True
             allowed = ok_l[:, : slot + 1]
@@ -347,25 +436,19 @@ def _decode_together(
                 attention_mask=mask[:, None, None],
                 position_ids=pos[:, None],
                 position_embeddings=embeddings[stack.layer_types[index]],
-                **{CALL_KWARG: AttentionCall(inner=inner, store=store)},
+                **{CALL_KWARG: AttentionCall(inner=self.inner, store=store)},
             )
-        chosen = _pick(live, stack.logits(hidden).float())
-        keep = []
-        for b, (row, token) in enumerate(zip(live, chosen)):
-            row.tokens.append(token)
-            _offer(row, on_token)
-            if row.finish is None:
-                keep.append(b)
-        if not keep:
-            return
-        if len(keep) < len(live):
-            at = torch.tensor(keep, device=device)
-            keys = [k.index_select(0, at) for k in keys]
-            values = [v.index_select(0, at) for v in values]
-            positions = [p.index_select(0, at) for p in positions]
-            valid = [v.index_select(0, at) for v in valid]
-            n = n.index_select(0, at)
-            live = [live[b] for b in keep]
+        self.steps += 1
+        return stack.logits(hidden).float()
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (indices into the current batch, in order); the others leave it."""
+        at = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        self.keys = [k.index_select(0, at) for k in self.keys]
+        self.values = [v.index_select(0, at) for v in self.values]
+        self.positions = [p.index_select(0, at) for p in self.positions]
+        self.valid = [v.index_select(0, at) for v in self.valid]
+        self.n = self.n.index_select(0, at)
 
 
 def _result(row: _Row) -> GenerationResult:
