@@ -92,13 +92,16 @@ def test_keep_all_gives_plain_generates_tokens_greedy_and_sampled(arch: str) -> 
     keep_all = Schedule.keep_all(model.config.name_or_path, model.config.num_hidden_layers)
     _, ids, mask = _batch()
     sampled = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.95, repetition_penalty=1.1)
+    rich = dict(max_new_tokens=10, eos_token_id=None, return_dict_in_generate=True, output_logits=True)
     for options in ({}, sampled):
         torch.manual_seed(7)
-        plain = _generate(model, ids, mask, max_new_tokens=10, eos_token_id=None, **options)
+        plain = _generate(model, ids, mask, **rich, **options)
         torch.manual_seed(7)
         with lazyllm.apply(model, keep_all):
-            ours = _generate(model, ids, mask, max_new_tokens=10, eos_token_id=None, **options)
-        assert torch.equal(ours, plain), options
+            ours = _generate(model, ids, mask, **rich, **options)
+        assert torch.equal(ours.sequences, plain.sequences), options
+        # every step's logits, not only their argmax: positions, masks and caches agree
+        torch.testing.assert_close(torch.stack(ours.logits), torch.stack(plain.logits), rtol=1e-4, atol=1e-4)
 
 
 def test_sampling_at_batch_one_draws_what_lazyllm_generate_draws_with_the_seed() -> None:
