@@ -228,3 +228,33 @@ def test_a_reviving_schedule_decodes_rows_alone_with_a_warning() -> None:
     with lazyllm.apply(model, engine.schedule), pytest.warns(UserWarning, match="decode one at a time"):
         out = _generate(model, ids, mask, eos_token_id=None)
     assert out[:, ids.shape[1] :].tolist() == alone
+
+
+@pytest.mark.integration
+def test_a_pipeline_and_a_text_streamer_on_smollm2(
+    smollm2: tuple[Any, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import TextStreamer, pipeline
+
+    model, tokenizer = smollm2
+    name, layers = model.config.name_or_path, model.config.num_hidden_layers
+    schedule = Schedule.paper_style(name, layers).with_revival("frozen")
+    text = " ".join(["The harbour town kept its lighthouse lit every night of the year."] * 12)
+    text += "\nQuestion: What did the town keep lit?\nAnswer:"
+    alone = LazyLLM(model, schedule, tokenizer=tokenizer).generate(text, max_new_tokens=10)
+    plain = LazyLLM(model, Schedule.keep_all(name, layers), tokenizer=tokenizer).generate(
+        text, max_new_tokens=10
+    )
+    assert plain.text != alone.text  # so the pipeline's answer tells which one ran
+    before = _snapshot(model)
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    with lazyllm.apply(model, schedule):
+        (got,) = pipe(text, max_new_tokens=10, do_sample=False, return_full_text=False)
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        capsys.readouterr()
+        model.generate(
+            ids, max_new_tokens=10, do_sample=False, streamer=TextStreamer(tokenizer, skip_prompt=True)
+        )
+    _assert_unchanged(model, before)
+    assert got["generated_text"] == alone.text
+    assert capsys.readouterr().out.strip() == (alone.text or "").strip()
