@@ -55,6 +55,7 @@ import torch
 
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers
 from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
+from lazyllm.prefill import RowPrefill, decodes_frozen, prefill_row, prefill_rows
 from lazyllm.sampling import Sampling, TokenPicker
 from lazyllm.text import StopCriteria
 from lazyllm.timing import synchronize
@@ -123,12 +124,6 @@ class BatchRequest:
         return Sampling.resolve(self.sampling, seed=self.seed)
 
 
-def decodes_frozen(engine: LazyLLM) -> bool:
-    """Whether ``engine``'s decoding steps prune and revive nothing (what a batch needs)."""
-    schedule = engine.schedule
-    return not schedule.revival.revives or not any(schedule.percentiles)
-
-
 @dataclass
 class _Row:
     """One request while it decodes: its stopping rule, tokens so far and prefill facts."""
@@ -181,18 +176,38 @@ def generate_batch(
 def _decode_chunk(
     chunk: list[tuple[int, BatchRequest]], t0: float, on_token: OnToken | None
 ) -> list[tuple[int, GenerationResult]]:
-    engine = chunk[0][1].engine
+    """Prefill the chunk's requests (those of one engine together, :func:`~lazyllm.prefill.prefill_rows`),
+    hand out their first tokens, then decode the unfinished ones as one batch."""
+    # (engine, alone) -> positions in the chunk, in order of first appearance
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for k, (_, request) in enumerate(chunk):
+        alone = request.forced is not None or request.force_own
+        groups.setdefault((id(request.engine), alone), []).append(k)
     rows: list[_Row] = []
     prefills: list[RowPrefill] = []
-    for index, request in chunk:
-        row, prefill = _prefill(index, request, t0)
-        _offer(row, on_token)
-        rows.append(row)
-        if row.finish is None:
-            prefills.append(prefill)
+    for (_, alone), positions in groups.items():
+        members = [chunk[k] for k in positions]
+        prepared = [_Prepared.of(request) for _, request in members]
+        engine = members[0][1].engine
+        if alone:  # teacher-forced logits are scores: bit for bit the lone passes, whatever the batch
+            done = [prefill_row(engine, p.ids, prefix=p.prefix, room=p.room) for p in prepared]
+        else:
+            ids, given, rooms = (
+                [p.ids for p in prepared],
+                [p.prefix for p in prepared],
+                [p.room for p in prepared],
+            )
+            done = prefill_rows(engine, ids, prefixes=given, rooms=rooms)
+        synchronize(engine.device)
+        for (index, request), prep, prefill in zip(members, prepared, done):
+            row = _first_token(index, request, prep, prefill, t0)
+            _offer(row, on_token)
+            rows.append(row)
+            if row.finish is None:
+                prefills.append(prefill)
     live = [r for r in rows if r.finish is None]
     if live:
-        decoder = FrozenDecoder(engine, prefills, room=max(r.limit for r in live) - 1)
+        decoder = FrozenDecoder(chunk[0][1].engine, prefills, room=max(r.limit for r in live) - 1)
         prefills.clear()  # the rows' own stores are no longer needed
         _decode_together(decoder, live, on_token)
     for row in rows:
@@ -210,81 +225,45 @@ def _offer(row: _Row, on_token: OnToken | None) -> None:
         row.end = time.perf_counter()
 
 
-KV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-"""One layer's stored keys ``[1, KVH, m, D]``, values (the same) and slot positions ``[m]``."""
+@dataclass(frozen=True)
+class _Prepared:
+    """A request's checked prompt ``[1, n]``, stopping rule, strategy and prefill room."""
+
+    ids: torch.Tensor
+    stop: StopCriteria
+    sampling: Sampling
+    prefix: PromptPrefix | None
+    room: int  # slots after the prompt in the row's own stores (teacher forcing)
+
+    @classmethod
+    def of(cls, request: BatchRequest) -> _Prepared:
+        engine = request.engine
+        eos = request.eos_token_id
+        ids, stop = engine._prepare(
+            torch.as_tensor(request.input_ids),
+            request.max_new_tokens,
+            False,
+            eos if eos is None or isinstance(eos, int) else list(eos),
+            request.stop_strings,
+        )
+        prefix = request.prefix
+        if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
+            raise ValueError("prefix was captured from another prompt; capture it from this one")
+        room = request.max_new_tokens if request.force_own else len(request.forced or ())
+        return cls(ids, stop, request.decoding, prefix, room)
 
 
-@dataclass
-class RowPrefill:
-    """One prompt's pruned prefill, ready to decode in a batch.
-
-    Attributes:
-        gen: the engine's state of the generation (its stores; for teacher forcing after it).
-        logits: ``[1, vocab]`` float32 next-token logits after the prompt.
-        n: prompt tokens (the first generated token sits at position ``n``).
-        cache: per layer, what the prefill stored there (:data:`KV`): ``C_l``'s keys, values, positions.
-    """
-
-    gen: Any
-    logits: torch.Tensor
-    n: int
-    cache: list[KV]
-
-    @property
-    def per_layer(self) -> list[float]:
-        """Share of the prompt each layer computed."""
-        state = self.gen.state
-        return list((state.slot_of[:, : self.n] >= 0).float().mean(dim=1).tolist())
-
-    @property
-    def computed(self) -> float:
-        """Share of (prompt token, layer) pairs computed."""
-        return float(self.gen.prompt_pairs / (self.n * len(self.cache)))
-
-
-def prefill_row(
-    engine: LazyLLM, ids: torch.Tensor, *, prefix: PromptPrefix | None = None, room: int = 0
-) -> RowPrefill:
-    """The pruned prefill of ``ids`` ``[1, n]`` alone (exactly :meth:`LazyLLM.generate`'s), with room
-    for ``room`` more tokens in its own stores (for teacher forcing from it)."""
-    n = ids.shape[1]
-    gen = engine._begin(ids, n + room, store_kv=True, trace=False)
-    logits = engine._forward(gen, ids, 0, prefix=prefix)
-    cache = []
-    for kv in gen.state.kv:
-        if kv.keys is None or kv.values is None:
-            raise RuntimeError("a prefill left a layer's KV store empty (engine bug)")
-        m = kv.length
-        cache.append((kv.keys[:, :, :m], kv.values[:, :, :m], kv.slot_positions().clone()))
-    return RowPrefill(gen=gen, logits=logits, n=n, cache=cache)
-
-
-def _prefill(index: int, request: BatchRequest, t0: float) -> tuple[_Row, RowPrefill]:
-    """The request's pruned prefill alone and its first token."""
-    engine = request.engine
-    ids, stop = engine._prepare(
-        torch.as_tensor(request.input_ids),
-        request.max_new_tokens,
-        False,
-        eos if (eos := request.eos_token_id) is None or isinstance(eos, int) else list(eos),
-        request.stop_strings,
-    )
-    prefix = request.prefix
-    if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
-        raise ValueError("prefix was captured from another prompt; capture it from this one")
-    forced = request.forced or ()
-    room = request.max_new_tokens if request.force_own else len(forced)
-    sampling = request.decoding
-    picker = None if sampling.greedy else sampling.picker(ids, request.max_new_tokens)
-    prefill = prefill_row(engine, ids, prefix=prefix, room=room)
+def _first_token(index: int, request: BatchRequest, prep: _Prepared, prefill: RowPrefill, t0: float) -> _Row:
+    """The request's row after its prefill: its first token chosen (and forced logits, if asked)."""
+    sampling = prep.sampling
+    picker = None if sampling.greedy else sampling.picker(prep.ids, request.max_new_tokens)
     logits = prefill.logits
     token = int(logits[0].argmax()) if picker is None else int(picker.pick(logits))
-    synchronize(ids.device)
     row = _Row(
         index=index,
         n=prefill.n,
         limit=request.max_new_tokens,
-        stop=stop,
+        stop=prep.stop,
         t0=t0,
         ttft=time.perf_counter() - t0,
         per_layer=prefill.per_layer,
@@ -295,11 +274,12 @@ def _prefill(index: int, request: BatchRequest, t0: float) -> tuple[_Row, RowPre
         sampling=sampling,
         picker=picker,
     )
-    if forced:  # appends after the prefill's slots (room was made for it): its cache views stay
-        row.forced_logits = engine._forced_rest(prefill.gen, logits, prefill.n, forced)
+    engine = request.engine
+    if request.forced:  # appends after the prefill's slots (room was made for it): its cache views stay
+        row.forced_logits = engine._forced_rest(prefill.gen, logits, prefill.n, request.forced)
     elif request.force_own:  # once its answer is known (_force_own)
         row.own = (engine, prefill.gen, logits)
-    return row, prefill
+    return row
 
 
 def _force_own(row: _Row) -> None:

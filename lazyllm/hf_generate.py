@@ -16,9 +16,10 @@ finished rows, ``StoppingCriteria``, streamers (``put``/``end``), and the return
 **What each forward pass computes.** ``generate`` calls the model once with the whole left-padded
 prompt batch, then once per step with each row's newest token. Under :func:`apply`:
 
-* the prompt call runs, per row, the pruned prefill of that row's unpadded tokens
-  (:func:`lazyllm.batch.prefill_row`, exactly :meth:`LazyLLM.generate`'s prefill; rows are prefilled
-  one after the other) and returns each row's last-position logits;
+* the prompt call runs the pruned prefill of every row's unpadded tokens, each pruned by its own
+  scores, as one batch (:func:`lazyllm.prefill.prefill_rows`; where the schedule does not allow it,
+  one row after the other, each exactly :meth:`LazyLLM.generate`'s prefill) and returns each row's
+  last-position logits;
 * each step call feeds every row's new token at its own next position through
   :class:`lazyllm.batch.FrozenDecoder` (the batched ``frozen`` decoding of
   :func:`lazyllm.batch.generate_batch`: one decoder for both). A schedule whose decoding revives
@@ -62,8 +63,9 @@ from typing import Any
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from lazyllm.batch import FrozenDecoder, RowPrefill, decodes_frozen, prefill_row
+from lazyllm.batch import FrozenDecoder
 from lazyllm.engine import LazyLLM
+from lazyllm.prefill import RowPrefill, decodes_frozen, prefill_rows
 from lazyllm.schedule import Schedule
 from lazyllm.text import caller_stacklevel
 
@@ -140,10 +142,8 @@ class _Session:
         # new tokens generate may ask for (transformers' default max_length is 20)
         room = self.max_new_tokens if self.max_new_tokens is not None else (self.max_length or 20) - width
         room = max(room, 1)
-        prefills = [
-            prefill_row(self.engine, input_ids[b : b + 1, width - n :], room=room if not self.frozen else 0)
-            for b, n in enumerate(lengths)
-        ]
+        prompts = [input_ids[b : b + 1, width - n :] for b, n in enumerate(lengths)]
+        prefills = prefill_rows(self.engine, prompts, rooms=[0 if self.frozen else room] * len(prompts))
         if self.frozen:
             self.decoder = FrozenDecoder(self.engine, prefills, room=room)
         else:
