@@ -8,16 +8,23 @@ prefill computed there) plus the generated tokens, an ordinary KV-cached decode 
 of different lengths. Such generations can share their decoding steps, whatever their prompts and
 schedules, as long as they run on one model:
 
-1. each request's prefill runs alone, through its engine (pruning as its schedule says, resuming
-   from a captured unpruned prefix when given one), and picks the first token; a request may also
-   ask for teacher-forced logits along a given answer (``forced``) or along its own answer once it
-   is decoded (``force_own``), run from that same prefill (the fidelity's KL and reference);
+1. the prefills of the requests of one engine run as one padded batch, each row pruned by its own
+   scores (:func:`lazyllm.prefill.prefill_rows`; one after the other where the schedule does not
+   allow it), resuming from captured unpruned prefixes when given, and each picks its first token.
+   A request may also ask for teacher-forced logits along a given answer (``forced``) or along its
+   own answer once it is decoded (``force_own``), run from that same prefill (the fidelity's KL and
+   reference); such a request's prefill runs alone, so that its scores are bit for bit the lone
+   passes' whatever else is in the batch;
 2. per layer, the requests' stored keys/values are stacked into one ``[B, KVH, L_l + T, D]`` cache,
    padded to the longest (``L_l``: the most tokens any request computed at layer ``l``), with a
    mask that blocks the padding and, on sliding-window layers, keys outside the window;
 3. every step feeds each unfinished request's newest token at its own next position and writes
    its keys/values into the next free slot of the cache; a request leaves the batch when it stops
    (EOS, a stop string, or its ``max_new_tokens``).
+
+A request whose schedule revives tokens while decoding (``dynamic``, ``budget:N``) cannot share
+steps: it runs alone, exactly as :meth:`LazyLLM.generate`, after the batched ones (with one warning
+per call), with the same callbacks, cancelling and timing.
 
 Each request then has the tokens :meth:`LazyLLM.generate` would give it alone: the same keys are
 attended with the same weights (keys are stored after their rotary embedding, so a slot's place in
@@ -46,7 +53,9 @@ requests at ``t0`` waits; a request's own compute is not separable from its neig
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +66,7 @@ from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers
 from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
 from lazyllm.prefill import RowPrefill, decodes_frozen, prefill_row, prefill_rows
 from lazyllm.sampling import Sampling, TokenPicker
-from lazyllm.text import StopCriteria
+from lazyllm.text import StopCriteria, caller_stacklevel
 from lazyllm.timing import synchronize
 
 DEFAULT_BATCH_SIZE = 8
@@ -74,8 +83,8 @@ class BatchRequest:
     """One generation to decode together with others.
 
     Attributes:
-        engine: the engine whose schedule prunes the prompt; its decoding must be frozen
-            (:func:`decodes_frozen`), and every request of a batch must share its model.
+        engine: the engine whose schedule prunes the prompt; every request of a batch must share
+            its model. One whose decoding revives tokens (not :func:`decodes_frozen`) runs alone.
         input_ids: the prompt's token ids (already encoded; no chat template is applied).
         max_new_tokens: at most this many new tokens.
         stop_strings: stop once the decoded text contains one of these (the text is cut before it).
@@ -110,11 +119,6 @@ class BatchRequest:
             raise ValueError("forced answer is empty: need at least one token (or None)")
         if self.forced is not None and self.force_own:
             raise ValueError("give forced or force_own, not both")
-        if not decodes_frozen(self.engine):
-            raise ValueError(
-                f"schedule with revival {self.engine.schedule.revival} revives tokens while decoding, "
-                "so its steps cannot be batched; use LazyLLM.generate, or a frozen schedule"
-            )
         if self.seed is not None:
             Sampling(seed=self.seed)  # validates it
 
@@ -164,12 +168,63 @@ def generate_batch(
         raise ValueError("the requests of one batch must share one model; batch each model's apart")
     t0 = time.perf_counter()
     results: list[GenerationResult | None] = [None] * len(requests)
-    for start in range(0, len(requests), batch_size):
-        chunk = list(enumerate(requests))[start : start + batch_size]
-        for i, result in _decode_chunk(chunk, t0, on_token):
+    together = [(i, r) for i, r in enumerate(requests) if decodes_frozen(r.engine)]
+    for start in range(0, len(together), batch_size):
+        for i, result in _decode_chunk(together[start : start + batch_size], t0, on_token):
             results[i] = result
+    alone = [(i, r) for i, r in enumerate(requests) if not decodes_frozen(r.engine)]
+    if alone:
+        warnings.warn(
+            f"{len(alone)} of {len(requests)} requests have schedules that revive tokens while decoding "
+            "(dynamic or budget revival): they run one at a time, after the batched ones",
+            stacklevel=caller_stacklevel(),
+        )
+    for i, request in alone:
+        results[i] = _generate_alone(i, request, t0, on_token)
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+@dataclass(frozen=True)
+class _Offering(StopCriteria):
+    """A request's stopping rule that first hands each new token to ``on_token`` (False: cancelled)."""
+
+    index: int = 0
+    on_token: OnToken | None = None
+
+    def check(self, generated: list[int]) -> str | None:
+        if self.on_token is not None and self.on_token(self.index, generated[-1]) is False:
+            return CANCELLED
+        return super().check(generated)
+
+
+def _generate_alone(
+    index: int, request: BatchRequest, t0: float, on_token: OnToken | None
+) -> GenerationResult:
+    """A request whose decoding revives tokens: exactly :meth:`LazyLLM.generate`, timed from ``t0``."""
+    engine, prep = request.engine, _Prepared.of(request)
+    stop = _Offering(prep.stop.eos_ids, prep.stop.stop_strings, prep.stop.tokenizer, index, on_token)
+    steps = engine._decode(
+        prep.ids, stop, t0, request.max_new_tokens, prep.sampling, False, False, prep.prefix
+    )
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: GenerationResult = done.value
+            break
+    answer = (
+        request.forced
+        if request.forced is not None
+        else tuple(result.token_ids)
+        if request.force_own
+        else None
+    )
+    if answer is None:
+        return result
+    return dataclasses.replace(
+        result, forced_logits=engine.forced_logits(prep.ids, answer, prefix=prep.prefix)
+    )
 
 
 @torch.inference_mode()
