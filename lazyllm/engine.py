@@ -171,9 +171,11 @@ class GenerationResult:
         text: decoded generation, when a tokenizer is known.
         prompt_tokens: prompt length N.
         ttft_s: seconds from the call to the first token (prefill + choosing it); for a stream, to
-            the first piece of text handed to the caller.
+            the first piece of text handed to the caller; in a batch, from the batch call's start
+            (:mod:`lazyllm.batch`).
         total_s: seconds for the whole generation.
-        finish_reason: "eos", "stop_string" or "length".
+        finish_reason: "eos", "stop_string" or "length"; "cancelled" for a request of
+            :func:`lazyllm.batch.generate_batch` whose ``on_token`` callback returned False.
         prompt_computed_per_layer: share of prompt tokens each layer computed by the end (paper Fig. 7).
         prompt_computed_per_step: share of (prompt token, layer) pairs computed so far, after each step.
         aux_peak_entries / aux_peak_bytes: Aux Cache high-water mark.

@@ -9,6 +9,7 @@ import torch
 
 from lazyllm import LazyLLM, Schedule
 from lazyllm.batch import BatchRequest, decodes_frozen, generate_batch
+from lazyllm.sampling import Sampling
 from tests.support import make_tiny, prompt
 
 
@@ -74,13 +75,32 @@ def test_rows_leave_the_batch_when_they_stop_and_prefixes_resume(tiny: Any) -> N
     assert len({len(got.token_ids) for got in together}) > 1  # rows left the batch at different steps
 
 
-def test_a_reviving_schedule_or_two_models_are_refused(tiny: Any) -> None:
+def test_a_reviving_schedule_runs_alone_and_two_models_are_refused(tiny: Any) -> None:
     name, layers = tiny.config.name_or_path, tiny.config.num_hidden_layers
-    dynamic = LazyLLM(tiny, Schedule(name, (0.5,) + (0.0,) * (layers - 1), revival="dynamic"))
+    dynamic = LazyLLM(tiny, Schedule(name, (50.0,) + (0.0,) * (layers - 1), revival="dynamic"))
+    frozen_engine = LazyLLM(tiny, _schedules(tiny)[1])
     assert not decodes_frozen(dynamic)
     assert decodes_frozen(LazyLLM(tiny, Schedule.keep_all(name, layers)))  # nothing to revive
-    with pytest.raises(ValueError, match=r"revives tokens while decoding.*LazyLLM.generate"):
-        BatchRequest(dynamic, [1, 2, 3])
+    ids = [prompt(n, seed=n)[0].tolist() for n in (14, 27)]
+    requests = [
+        BatchRequest(e, x, max_new_tokens=6, eos_token_id=()) for e in (dynamic, frozen_engine) for x in ids
+    ]
+    seen: list[int] = []
+
+    def on_token(i: int, token: int) -> bool:
+        seen.append(i)
+        return not (i == 1 and seen.count(1) == 3)  # cancel the second dynamic request at its 3rd token
+
+    with pytest.warns(UserWarning, match="2 of 4 requests .* run one at a time"):
+        results = generate_batch(requests, on_token=on_token)
+    for request, got in zip(requests, results):
+        alone = request.engine.generate(torch.tensor(request.input_ids), max_new_tokens=6, eos_token_id=[])
+        assert got.revival == alone.revival
+        if request is requests[1]:
+            assert got.finish_reason == "cancelled" and got.token_ids == alone.token_ids[:3]
+        else:
+            assert got.token_ids == alone.token_ids and got.finish_reason == "length"
+    assert seen[-3:] == [1, 1, 1] and seen.count(0) == 6  # the batched ones first, then each alone
     other = make_tiny(name.removeprefix("tiny-"), seed=1)
     frozen = Schedule.keep_all(name, layers)
     with pytest.raises(ValueError, match="share one model"):
@@ -127,3 +147,74 @@ def test_force_own_gives_the_reference_of_the_answer_it_decoded(tiny: Any) -> No
         assert torch.equal(got.forced_logits, alone)
     with pytest.raises(ValueError, match="not both"):
         BatchRequest(frozen, ids[0], forced=(1,), force_own=True)
+
+
+SAMPLED = Sampling(do_sample=True, temperature=0.9, top_k=20, top_p=0.95)
+
+
+def test_sampled_rows_draw_what_generate_draws_alone_with_the_same_seed(tiny: Any) -> None:
+    _, frozen, _ = (LazyLLM(tiny, s) for s in _schedules(tiny))
+    ids = [prompt(n, seed=n)[0].tolist() for n in (13, 29, 20)]
+    requests = [
+        BatchRequest(frozen, x, max_new_tokens=10, eos_token_id=(), sampling=SAMPLED, seed=seed)
+        for x, seed in zip(ids, (3, 4, 5))
+    ] + [BatchRequest(frozen, ids[0], max_new_tokens=10, eos_token_id=())]  # a greedy row beside them
+    for size in (1, 4):
+        for request, got in zip(requests, generate_batch(requests, batch_size=size)):
+            alone = frozen.generate(
+                torch.tensor(request.input_ids), max_new_tokens=10, eos_token_id=[],
+                generation_config=request.sampling, seed=request.seed,
+            )  # fmt: skip
+            assert got.token_ids == alone.token_ids, size
+            assert got.sampling == alone.sampling
+    other = generate_batch([BatchRequest(frozen, ids[0], max_new_tokens=10, sampling=SAMPLED, seed=9)])
+    assert other[0].token_ids != generate_batch(requests[:1])[0].token_ids  # the seed matters
+
+
+def _rows_per_layer_call(model: Any) -> tuple[list[int], Any]:
+    """Rows fed to layer 0 in each call (the layer views share the model's hooks)."""
+    seen: list[int] = []
+    handle = model.model.layers[0].register_forward_hook(lambda _m, args, _o: seen.append(args[0].shape[0]))
+    return seen, handle
+
+
+def test_on_token_sees_the_tokens_as_they_come_and_false_cancels_the_row(tiny: Any) -> None:
+    _, frozen, _ = (LazyLLM(tiny, s) for s in _schedules(tiny))
+    ids = [prompt(n, seed=n)[0].tolist() for n in (15, 26, 9)]
+    requests = [BatchRequest(frozen, x, max_new_tokens=12, eos_token_id=()) for x in ids]
+    seen: list[tuple[int, int]] = []
+
+    def on_token(i: int, token: int) -> bool:
+        seen.append((i, token))
+        return not (i == 1 and sum(j == 1 for j, _ in seen) == 3)  # cancel row 1 at its 3rd token
+
+    rows_fed, handle = _rows_per_layer_call(tiny)
+    try:
+        full = generate_batch(requests)
+        full_rows = sum(rows_fed)
+        rows_fed.clear()
+        cut = generate_batch(requests, on_token=on_token)
+    finally:
+        handle.remove()
+    for i, got in enumerate(cut):
+        assert [t for j, t in seen if j == i] == got.token_ids  # in order, exactly the result's
+    assert [i for i, _ in seen[:3]] == [0, 1, 2]  # each first token right after its prefill
+    assert cut[1].finish_reason == "cancelled" and cut[1].token_ids == full[1].token_ids[:3]
+    assert [cut[i].token_ids for i in (0, 2)] == [full[i].token_ids for i in (0, 2)]
+    assert cut[0].finish_reason == "length"
+    # row 1 left the batch after its 3rd token: 9 fewer decoding rows through the layers
+    assert full_rows - sum(rows_fed) == 12 - 3
+    everything = generate_batch(requests, on_token=lambda i, t: False)
+    assert all(r.finish_reason == "cancelled" and len(r.token_ids) == 1 for r in everything)
+
+
+def test_times_run_from_the_calls_start(tiny: Any) -> None:
+    _, frozen, _ = (LazyLLM(tiny, s) for s in _schedules(tiny))
+    requests = [
+        BatchRequest(frozen, prompt(n, seed=n)[0].tolist(), max_new_tokens=4, eos_token_id=())
+        for n in (30, 30, 30)
+    ]
+    results = generate_batch(requests, batch_size=2)
+    # rows 0 and 1 share one prefill (their first tokens come after it), row 2 waited for that chunk
+    assert results[0].ttft_s <= results[1].ttft_s < results[0].total_s <= results[2].ttft_s
+    assert all(r.ttft_s <= r.total_s for r in results)
