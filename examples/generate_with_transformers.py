@@ -31,5 +31,7 @@ width = inputs["input_ids"].shape[1]
 engine = LazyLLM(model, schedule, tokenizer=tokenizer)
 for text, row, mask in zip(prompts, out, inputs["attention_mask"]):
     answer = tokenizer.decode(row[width:], skip_special_tokens=True)
-    alone = engine.generate(text, max_new_tokens=12)  # the same prompt alone through the engine
+    alone = engine.generate(
+        text, max_new_tokens=12, chat=False
+    )  # the same raw prompt alone, through the engine
     print(f"{int(mask.sum()):4d} prompt tokens -> {answer!r}  (LazyLLM.generate alone: {alone.text!r})")

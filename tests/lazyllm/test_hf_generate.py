@@ -246,9 +246,10 @@ def test_a_pipeline_and_a_text_streamer_on_smollm2(
     schedule = Schedule.paper_style(name, layers).with_revival("frozen")
     text = " ".join(["The harbour town kept its lighthouse lit every night of the year."] * 12)
     text += "\nQuestion: What did the town keep lit?\nAnswer:"
-    alone = LazyLLM(model, schedule, tokenizer=tokenizer).generate(text, max_new_tokens=10)
+    # a pipeline given a string sends it raw, without the chat template
+    alone = LazyLLM(model, schedule, tokenizer=tokenizer).generate(text, max_new_tokens=10, chat=False)
     plain = LazyLLM(model, Schedule.keep_all(name, layers), tokenizer=tokenizer).generate(
-        text, max_new_tokens=10
+        text, max_new_tokens=10, chat=False
     )
     assert plain.text != alone.text  # so the pipeline's answer tells which one ran
     before = _snapshot(model)

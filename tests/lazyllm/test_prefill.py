@@ -86,7 +86,7 @@ def test_baseline_selectors_and_captured_prefixes_batch_too() -> None:
 def test_schedules_that_revive_or_window_several_queries_prefill_alone() -> None:
     model = make_tiny("llama")
     name, layers = model.config.name_or_path, model.config.num_hidden_layers
-    dynamic = LazyLLM(model, Schedule(name, _percentiles(layers)))
+    dynamic = LazyLLM(model, Schedule(name, _percentiles(layers), revival="dynamic"))
     windowed = LazyLLM(
         model, Schedule(name, _percentiles(layers), scoring=Scoring.parse("fastkv")).with_revival("frozen")
     )
