@@ -26,8 +26,8 @@ def test_a_study_made_with_other_settings_is_refused(tmp_path: Path) -> None:
         assert study.metric_names == ["speedup", "accuracy_loss"]
         assert open_study(settings, 30, storage).study_name == "s"  # the same settings resume it
         with pytest.raises(
-            ValueError, match=r"made with other settings \{'max_accuracy_loss': \(2.0, 1.0\)\}"
-        ):
+            ValueError, match=r"made with other settings \{'max_accuracy_loss': \(2.0, 1.0\), 'search_cap': \("
+        ):  # the prior-derived cap follows the budget
             open_study(_settings(tmp_path, max_accuracy_loss=1.0), 30, storage)
     finally:
         storage.engine.dispose()
