@@ -272,9 +272,9 @@ def test_stages_same_layer_composes() -> None:
 
 
 def test_stages_zero_is_keep_all() -> None:
-    schedule = SPACES["stages"].suggest(
-        FixedTrial({"n_stages": 0, "scoring": "w1-softmax-none-mean"}), "m", 30
-    )
+    """``n_stages = 0`` reads back as keep-all (a study stored before); the sampler is never offered it
+    (tests/tuner/study/test_reference.py)."""
+    schedule = SPACES["stages"].to_schedule({"n_stages": 0, "scoring": "w1-softmax-none-mean"}, "m", 30)
     assert schedule == Schedule.keep_all("m", 30)
     assert not schedule.prunes
 
@@ -334,14 +334,14 @@ def test_parametric_front_prunes_more_early_than_back(num_layers: int, n_stages:
 def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     space = SPACES[name]
     points = space.warm_start(num_layers)
-    # keep-all, paper-style, the families (one stage at mid depth; where the space has three stages, the
+    # paper-style (keep-all is the study's reference trial, not a warm start), the families (one stage at mid depth; where the space has three stages, the
     # gradual family: 40% after each quarter of depth with today's rule, then 20% with each published
     # peer's rule), then the two published peers at a gentler share, then as published (per_layer caps
     # a layer at 60%, so a peer's published 80% is its gentler 60%: queued once)
     families = 4 if isinstance(space, StagesSpace) and space.max_stages >= 3 else 1
     clipped = name == "per_layer"
-    hand_made = space.hand_made_starts(num_layers, points[: 2 + families + (2 if clipped else 4)])
-    assert len(points) == 2 + families + (2 if clipped else 4) + len(hand_made)
+    hand_made = space.hand_made_starts(num_layers, points[: 1 + families + (2 if clipped else 4)])
+    assert len(points) == 1 + families + (2 if clipped else 4) + len(hand_made)
     assert points[len(points) - len(hand_made) :] == hand_made
     study = optuna.create_study(sampler=RandomSampler(seed=0))
     for point in points:
@@ -356,8 +356,8 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     schedules = schedules[: len(schedules) - len(hand_made)]
     if clipped:
         schedules += schedules[-2:]  # the published points are the gentler ones
-    keep_all, paper, mid, *gradual, gentle_gemfilter, gentle_tsp, gemfilter, tsp = schedules
-    assert keep_all == Schedule.keep_all("m", num_layers)
+    paper, mid, *gradual, gentle_gemfilter, gentle_tsp, gemfilter, tsp = schedules
+    assert all(s.prunes for s in schedules)
     assert paper.prunes and paper.scoring == Scoring()
     assert paper.keep_fractions()[-1] < 0.5
     # one stage at mid depth (clipped to the space's layers) keeping half
@@ -404,14 +404,14 @@ def test_warm_start_paper_point_matches_paper_style(num_layers: int, tmp_path: P
     # without a grid, stages and parametric reproduce the paper-style schedule
     path = _write(tmp_path, "kind: stages\n")
     stages = load_space(path)
-    assert stages.to_schedule(stages.warm_start(num_layers)[1], "m", num_layers) == paper
+    assert stages.to_schedule(stages.warm_start(num_layers)[0], "m", num_layers) == paper
     parametric = SPACES["parametric"]
-    got = parametric.to_schedule(parametric.warm_start(num_layers)[1], "m", num_layers)
+    got = parametric.to_schedule(parametric.warm_start(num_layers)[0], "m", num_layers)
     assert got.percentiles == pytest.approx(paper.percentiles, abs=1e-4)
     # the packaged grids of 5 round the paper's 25.98% to 25%, at the paper's layers
     for name in ("stages", "per_layer"):
         space = SPACES[name]
-        got = space.to_schedule(space.warm_start(num_layers)[1], "m", num_layers)
+        got = space.to_schedule(space.warm_start(num_layers)[0], "m", num_layers)
         assert got.percentiles == tuple(25.0 if p > 0 else 0.0 for p in paper.percentiles)
 
 

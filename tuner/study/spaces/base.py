@@ -33,6 +33,11 @@ which were set for 8B models on LongBench's full contexts. On a small model with
 both published shares can drift far past a small budget, while keeping 0.4 stays within it; the
 measurement behind the choice is in docs/."""
 
+KEEP_ALL_ATTR = "keep_all"
+"""User attr of the study's reference trial: keep-all, queued once before the warm starts
+(:func:`tuner.study.storage.warm_start`) with no parameters, so it is no point of the sampler's space
+(:meth:`SearchSpace.trial_schedule`)."""
+
 PAPER_FINAL_KEEP = 0.3  # as Schedule.paper_style
 PAPER_STAGES = 4  # as Schedule.paper_style
 MIN_FINAL_KEEP = 0.001
@@ -209,10 +214,19 @@ class SearchSpace(ABC):
 
     @abstractmethod
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
-        """Parameter dicts for ``study.enqueue_trial``, inside this space: keep-all (where the space
-        holds it) first, then a paper-style progressive schedule (today's rule), then the published
-        peers with their own rules (:meth:`peer_starts`), then the one-stage hand-made family
-        (:meth:`hand_made_starts`)."""
+        """Parameter dicts for ``study.enqueue_trial``, inside this space: a paper-style progressive
+        schedule (today's rule), then the published peers with their own rules (:meth:`peer_starts`),
+        then the one-stage hand-made family (:meth:`hand_made_starts`). Keep-all is not among them:
+        the study queues it once as its reference trial (:data:`KEEP_ALL_ATTR`)."""
+
+    def trial_schedule(self, trial: BaseTrial, model: str, num_layers: int) -> Schedule:
+        """The schedule ``trial`` evaluates: keep-all for the study's reference trial (user attr
+        :data:`KEEP_ALL_ATTR`, no parameters asked, so the sampler never models it), else
+        :meth:`suggest`."""
+        if trial.user_attrs.get(KEEP_ALL_ATTR):
+            check_num_layers(num_layers)
+            return Schedule.keep_all(model, num_layers)
+        return self.suggest(trial, model, num_layers)
 
     def suggest(self, trial: BaseTrial, model: str, num_layers: int) -> Schedule:
         """Ask ``trial`` for a schedule of ``model`` (``num_layers`` decoder layers), its scoring rule

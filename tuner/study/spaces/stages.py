@@ -29,10 +29,13 @@ from tuner.study.spaces.base import (
 class StagesSpace(SearchSpace):
     """Up to ``max_stages`` pruning stages, each a layer and a percentile.
 
-    Parameters: ``n_stages`` in ``0..max_stages``; for each stage ``i < n_stages``, ``stage{i}_layer``
-    (an integer layer in :meth:`layer_range`) and ``stage{i}_pct`` (in ``[pct_low, pct_high]``, on the
-    ``pct_step`` grid if set). ``n_stages = 0`` is keep-all. Stages on the same layer compose
-    multiplicatively (:func:`compose_percentiles`, capped at :data:`MAX_COMPOSED_PCT`).
+    Parameters: ``n_stages`` in ``1..max_stages`` when sampled; for each stage ``i < n_stages``,
+    ``stage{i}_layer`` (an integer layer in :meth:`layer_range`) and ``stage{i}_pct`` (in
+    ``[pct_low, pct_high]``, on the ``pct_step`` grid if set). ``n_stages = 0`` is keep-all: it reads
+    back (:meth:`to_schedule`, studies stored before), but the sampler never proposes it, since the
+    study evaluates keep-all once as its reference trial and a sampler that models ``n_stages = 0``
+    keeps proposing that non-dominated point (every proposal a refused duplicate). Stages on the same
+    layer compose multiplicatively (:func:`compose_percentiles`, capped at :data:`MAX_COMPOSED_PCT`).
 
     Args:
         max_stages: the most stages a schedule may have (>= 1).
@@ -71,7 +74,7 @@ class StagesSpace(SearchSpace):
 
     def suggest_params(self, trial: BaseTrial, num_layers: int) -> dict[str, Any]:
         low, high = self.layer_range(num_layers)
-        params: dict[str, Any] = {"n_stages": trial.suggest_int("n_stages", 0, self.max_stages)}
+        params: dict[str, Any] = {"n_stages": trial.suggest_int("n_stages", 1, self.max_stages)}
         for i in range(params["n_stages"]):
             params[f"stage{i}_layer"] = trial.suggest_int(f"stage{i}_layer", low, high)
             params[f"stage{i}_pct"] = trial.suggest_float(
@@ -97,7 +100,7 @@ class StagesSpace(SearchSpace):
         return self._schedule(model, tuple(values), used, params)
 
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
-        """Keep-all (``n_stages = 0``), then the paper-style stages with layers clipped to
+        """The paper-style stages with layers clipped to
         :meth:`layer_range` and percentiles clipped and rounded to the range and grid (today's rule),
         then the families (:meth:`family_starts`: one stage at mid depth, a gradual three-stage
         schedule), then the peers (:meth:`SearchSpace.peer_starts`: gentler shares, then published),
@@ -110,9 +113,7 @@ class StagesSpace(SearchSpace):
         for i, (layer, p) in enumerate(stages):
             point[f"stage{i}_layer"] = min(max(layer, low), high)
             point[f"stage{i}_pct"] = snap(p, self.pct_low, self.pct_high, self.pct_step)
-        keep_all = self._with_rule({"n_stages": 0}, Scoring())
         points = [
-            keep_all,
             self._with_rule(point, Scoring()),
             *self.family_starts(num_layers),
             *self.peer_starts(num_layers),
