@@ -56,7 +56,8 @@ from tuner.report.figure import pyplot, write_figure
 from tuner.stages.rule import FreshKL, Refused, pooled_rule
 from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule, check_exponent
-from tuner.statistics.losses import KL_PER_POINT, FidelityLoss, ScoreLoss
+from tuner.statistics.cap import KL_PER_POINT
+from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.statistics.prior import SlopePrior
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings

@@ -166,8 +166,9 @@ def test_interrupt_at_every_moment_then_resume(tiny_folder: Path, tmp_path: Path
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     # no schedule evaluated twice (a repeated proposal is refused before it runs)
     assert_evaluated_once(finished)
-    # every warm start (keep-all, paper-style, one stage at mid depth, gradual three-stage, the two
-    # peers at a gentler and at their published share) evaluated, the interrupted one included
+    # every warm start (keep-all's reference, paper-style, one stage at mid depth, paper-style from a
+    # quarter of depth, the two peers at their published share, the one-stage family) evaluated, the
+    # interrupted one included
     done = [t.params for t in finished]
     for params in load_space("stages").warm_start(4):
         assert params in done

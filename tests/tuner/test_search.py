@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from lazyllm.schedule import Schedule
-from tests.support import longbench_dir
+from tests.support import longbench_dir, n_warm_starts
 from tuner.evaluation.runner import ExampleResult
 from tuner.search import main, parse_settings
 from tuner.stages.trial import fresh_draw
@@ -17,6 +17,7 @@ from tuner.statistics.losses import BaselineStats, ScoreLoss, optimistic_loss
 from tuner.study.records import RECORD_ATTR, TrialRecord, schedule_key
 from tuner.study.settings import SearchSettings, resolve_settings
 from tuner.study.spaces import load_space
+from tuner.study.spaces.base import KEEP_ALL_ATTR
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
@@ -39,14 +40,12 @@ def test_study_end_to_end_and_resume(
         t for t in study.get_trials() if t.state != optuna.trial.TrialState.WAITING
     ]  # the peers' warm starts wait
     assert len(trials) == 2 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-    assert trials[0].params == {
-        "n_stages": 0,
-        "scoring": "w1-softmax-none-mean",
-    }  # keep-all first, then paper-style
+    # keep-all first (the reference trial: no parameters, so no point of the sampler's space), then paper-style
+    assert trials[0].params == {} and trials[0].user_attrs[KEEP_ALL_ATTR] is True
     assert trials[1].params["n_stages"] > 0
     records = [TrialRecord.from_trial(t) for t in trials]
     for t, r in zip(trials, records):
-        assert set(t.user_attrs) == {RECORD_ATTR}  # the one user attr a trial stores
+        assert set(t.user_attrs) - {KEEP_ALL_ATTR} == {RECORD_ATTR}  # the one user attr a trial stores
         assert r is not None and r.values == tuple(t.values) and r.accuracy == "fidelity"
         assert set(r.per_dataset) == {"hotpotqa", "trec"}
         assert list(t.constraints) == ["accuracy_loss"]
@@ -175,18 +174,19 @@ def test_a_schedule_already_evaluated_takes_no_slot(tiny_folder: Path, tmp_path:
         main(_argv(tiny_folder, tmp_path, "--n-trials", "2", "--no-heldout", "--tracking-uri", "none")) == 0
     )
     storage = f"sqlite:///{tmp_path / 's' / 'study.db'}"
-    optuna.load_study(study_name="s", storage=storage).enqueue_trial({"n_stages": 0})  # keep-all again
+    again = {KEEP_ALL_ATTR: True}
+    optuna.load_study(study_name="s", storage=storage).enqueue_trial({}, user_attrs=again)  # keep-all again
     # the remaining warm starts run first, then the repeated keep-all, then the draw that replaces it
-    n = len(load_space("stages").warm_start(4)) + 1
+    n = n_warm_starts() + 1  # the reference, the warm starts, then the draw replacing the repeat
     assert (
         main(_argv(tiny_folder, tmp_path, "--n-trials", str(n), "--no-heldout", "--tracking-uri", "none"))
         == 0
     )
     trials = optuna.load_study(study_name="s", storage=storage).get_trials()
     refused = [t for t in trials if "duplicate_of" in t.system_attrs]
-    # the repeated keep-all first; a replacement draw may repeat a schedule too (on a 4-layer model a
-    # random draw is keep-all one time in five) and is refused the same way
-    assert refused and refused[0].system_attrs["duplicate_of"] == 0 and refused[0].params["n_stages"] == 0
+    # the repeated keep-all first; a replacement draw may repeat a schedule too (a 4-layer model has few)
+    # and is refused the same way
+    assert refused and refused[0].system_attrs["duplicate_of"] == 0 and refused[0].user_attrs[KEEP_ALL_ATTR]
     for t in refused:
         assert t.state == optuna.trial.TrialState.PRUNED and RECORD_ATTR not in t.user_attrs  # no failure
         assert t.system_attrs["duplicate_of"] < t.number

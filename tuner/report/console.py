@@ -13,6 +13,8 @@ def summary_lines(outcome: StudyOutcome) -> list[str]:
     loss = outcome.search_loss
     kind = outcome.identity.speedup
     out = [f"Pareto front ({len(outcome.front)} trials; speedup = {kind}; loss = {loss.what}, {loss.unit}):"]
+    if outcome.budget.cap is not None:
+        out.insert(0, f"Search cap: {outcome.budget.cap.text()}")
     for r in outcome.front:
         out.append(
             f"  trial {r.number:>3}: speedup {r.values[0]:.2f}x, loss {loss.text(r.values[1])} "

@@ -207,8 +207,9 @@ class TrialRunner:
             raise SurplusTrial(f"trial {trial.number}: the study already has {self.settings.n_trials} trials")
 
     def propose(self, trial: optuna.Trial) -> Schedule:
-        """The space's schedule for this trial, with the study's decoding policy."""
-        return self.space.suggest(trial, self.settings.model, self.num_layers).with_revival(
+        """The space's schedule for this trial (keep-all for the reference trial), with the study's
+        decoding policy."""
+        return self.space.trial_schedule(trial, self.settings.model, self.num_layers).with_revival(
             self.settings.revival_policy
         )
 

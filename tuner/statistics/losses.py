@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
 from tuner.evaluation.runner import Evaluator, ExampleResult, loss_estimate, summarize
 from tuner.statistics.bootstrap import Estimate, estimate
+from tuner.statistics.cap import SearchCap, search_cap
 
 if TYPE_CHECKING:
     from lazyllm.engine import LazyLLM
@@ -327,44 +328,52 @@ def make_loss(kind: str, budget: float) -> Loss:
     return LOSSES[kind](budget)
 
 
-KL_PER_POINT = 0.3
-"""Default fidelity cap of a search, nats of mean KL per score point of the user's budget. It is an
-exploration cap, not the decision: the study's own calibration (:mod:`tuner.statistics.calibration`)
-picks the recommendation; ``benchmarks/decision_rule.py`` measures the rule with it (docs/statistics.md)."""
-
-
 @dataclass(frozen=True)
 class Budget:
     """The user's accuracy budget, made once from the settings (:meth:`of`) and passed to every stage.
 
     Attributes:
-        search: the loss the search minimises, with its cap in its own unit (``--max-kl`` nats, or
-            :data:`KL_PER_POINT` nats per point of ``--max-accuracy-loss``, for fidelity; the task
-            budget itself for a score search).
+        search: the loss the search minimises, with its cap in its own unit (for fidelity the
+            :class:`SearchCap`'s nats; the task budget itself for a score search).
         task: the user's budget in task-score points (``--max-accuracy-loss``): what confirmation,
             the decision and the held-out check keep.
+        cap: what set a fidelity search's cap (None for a score search).
     """
 
     search: Loss
     task: ScoreLoss
+    cap: SearchCap | None = None
 
     @classmethod
-    def of(cls, accuracy: str, max_accuracy_loss: float, max_kl: float | None = None) -> Budget:
-        """The budget of a study measuring ``accuracy`` (a name in :data:`LOSSES`)."""
+    def of(
+        cls,
+        accuracy: str,
+        max_accuracy_loss: float,
+        max_kl: float | None = None,
+        cap: SearchCap | None = None,
+    ) -> Budget:
+        """The budget of a study measuring ``accuracy`` (a name in :data:`LOSSES`); a fidelity search's
+        cap is ``cap``, or :func:`search_cap` without a prior (``max_kl`` or the constant)."""
         task = ScoreLoss(max_accuracy_loss)
         if accuracy == "fidelity":
-            cap = max_kl if max_kl is not None else KL_PER_POINT * max_accuracy_loss
-            return cls(make_loss(accuracy, cap), task)
+            chosen = cap if cap is not None else search_cap(max_accuracy_loss, max_kl, None)
+            return cls(make_loss(accuracy, chosen.nats), task, chosen)
         return cls(make_loss(accuracy, max_accuracy_loss), task)
 
     def with_task(self, points: float) -> Budget:
         """The same search cap, with another task budget (``tuner.export --max-accuracy-loss``)."""
-        return Budget(self.search, ScoreLoss(points))
+        return Budget(self.search, ScoreLoss(points), self.cap)
 
     @classmethod
     def from_settings(cls, settings: BudgetSettings) -> Budget:
-        """The budget a study's settings ask for: the one conversion from the flags."""
-        return cls.of(settings.accuracy, settings.max_accuracy_loss, settings.max_kl)
+        """The budget a study's settings ask for: the one conversion from the flags. The cap is the
+        one the settings carry (``search_cap``/``search_cap_source``/``search_cap_prior``, fixed when
+        the study was created); settings without one (a study stored before) get ``max_kl`` or the
+        constant, which is what such a study searched with."""
+        cap = None
+        if settings.search_cap is not None:
+            cap = SearchCap(settings.search_cap, settings.search_cap_source, settings.search_cap_prior)
+        return cls.of(settings.accuracy, settings.max_accuracy_loss, settings.max_kl, cap)
 
 
 class BudgetSettings(Protocol):
@@ -376,3 +385,9 @@ class BudgetSettings(Protocol):
     def max_accuracy_loss(self) -> float: ...
     @property
     def max_kl(self) -> float | None: ...
+    @property
+    def search_cap(self) -> float | None: ...
+    @property
+    def search_cap_source(self) -> str: ...
+    @property
+    def search_cap_prior(self) -> str | None: ...

@@ -18,7 +18,9 @@ IDENTITY_ATTR = "identity"
 @dataclass(frozen=True)
 class StudyIdentity:
     """The settings a resumed study must share with the one that created it (see
-    ``SearchSettings.study_identity``). Units: ``max_accuracy_loss`` in score points, ``max_kl`` in nats."""
+    ``SearchSettings.study_identity``). Units: ``max_accuracy_loss`` in score points, ``max_kl`` and
+    ``search_cap`` in nats (the fidelity cap the search ran with and what set it, fixed at creation:
+    :func:`tuner.statistics.losses.search_cap`)."""
 
     model: str
     task: str
@@ -38,6 +40,9 @@ class StudyIdentity:
     confidence: float = 0.9
     fidelity_top_k: int = 64
     fidelity_gold: bool = False
+    search_cap: float | None = None  # a study stored before: max_kl or the constant (losses.search_cap)
+    search_cap_source: str = ""
+    search_cap_prior: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not isinstance(self.task, str):

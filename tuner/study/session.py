@@ -210,6 +210,8 @@ def _run_session(settings: SearchSettings, session: Session) -> int:
         f"storage {redact_url(settings.storage_url)}, {finished_trials(study)}/{settings.n_trials} trials finished, "
         f"{settings.n_workers} worker(s)"
     )
+    if session.runner.budget.cap is not None:
+        print(f"search cap: {session.runner.budget.cap.text()}")
     if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
         _run_local_workers(settings)
     stopped = session.run_trials()  # done, timeout or exhausted

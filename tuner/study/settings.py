@@ -39,6 +39,7 @@ from lazyllm.schedule import Revival
 from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task, task_help
 from tuner.evaluation.speed import CLOCKS
 from tuner.statistics.calibration import LINEAR, check_exponent
+from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, SearchCap, search_cap
 from tuner.statistics.prior import SlopePrior
 from tuner.statistics.prior import resolve as resolve_prior
 from tuner.study.samplers import check_sampler, sampler_names
@@ -238,9 +239,10 @@ class SearchSettings(EvalSettings):
     max_kl: float | None = field(
         default=None,
         metadata=_help(
-            "fidelity cap during the search, mean KL per answer token in nats (default: derived from "
-            "--max-accuracy-loss, 0.3 nats per score point; the recommendation is decided by the "
-            "study's own calibration: docs/statistics.md#confirmation)"
+            "fidelity cap during the search, mean KL per answer token in nats (default: the KL at which "
+            f"the model's slope prior predicts {CAP_MARGIN:g}x --max-accuracy-loss, or {KL_PER_POINT:g} nats "
+            "per score point without a prior; the recommendation is decided by the study's own "
+            "calibration: docs/statistics.md#confirmation)"
         ),
     )
     confidence: float = field(
@@ -430,6 +432,29 @@ class SearchSettings(EvalSettings):
             self.slope_prior, self.model_slug, self.max_prompt_tokens, self.calibration_exponent
         )
 
+    @functools.cached_property
+    def cap(self) -> SearchCap | None:
+        """A fidelity search's cap (:func:`tuner.statistics.cap.search_cap`: ``max_kl``, else from
+        :attr:`prior`, else the constant); None for a score search."""
+        return (
+            search_cap(self.max_accuracy_loss, self.max_kl, self.prior)
+            if self.accuracy == "fidelity"
+            else None
+        )
+
+    @property
+    def search_cap(self) -> float | None:
+        """:attr:`cap` in nats (part of the study's identity, and so of MLflow's parameters)."""
+        return None if self.cap is None else self.cap.nats
+
+    @property
+    def search_cap_source(self) -> str:
+        return "" if self.cap is None else self.cap.source
+
+    @property
+    def search_cap_prior(self) -> str | None:
+        return None if self.cap is None else self.cap.prior
+
     def fresh_source(self) -> FreshSource:
         """The prompts of the fresh-drift check (:func:`tuner.stages.rule.pooled_rule`, step 5): open-QA
         validation records at this study's prompt length, ``fresh_kl_examples`` per dataset; the
@@ -468,7 +493,8 @@ class SearchSettings(EvalSettings):
         """The settings a resumed study must share with the one that created it."""
         keys = ("model", "dtype", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
                 "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival", "timing_clock",
-                "confidence", "fidelity_top_k", "fidelity_gold")  # fmt: skip
+                "confidence", "fidelity_top_k", "fidelity_gold", "search_cap", "search_cap_source",
+                "search_cap_prior")  # fmt: skip
         return {k: getattr(self, k) for k in keys}
 
 

@@ -26,6 +26,7 @@ from tuner.study.identity import StudyIdentity
 from tuner.study.samplers import make_sampler
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import SearchSpace
+from tuner.study.spaces.base import KEEP_ALL_ATTR
 from tuner.study.stores import create_sqlite_atomically, sqlite_path
 from tuner.study.workers import counts_towards_target
 
@@ -126,9 +127,11 @@ def open_study(
 
 
 def warm_start(study: optuna.Study, space: SearchSpace, num_layers: int) -> None:
-    """Enqueue keep-all and a paper-style schedule, once per study."""
+    """Enqueue the reference trial (keep-all, user attr :data:`KEEP_ALL_ATTR`, no parameters: the
+    sampler never models it), then the space's warm starts (paper-style first), once per study."""
     if study.user_attrs.get("warm_started"):
         return
+    study.enqueue_trial({}, user_attrs={KEEP_ALL_ATTR: True})
     for params in space.warm_start(num_layers):
         study.enqueue_trial(params, skip_if_exists=True)
     study.set_user_attr("warm_started", True)

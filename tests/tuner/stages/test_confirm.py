@@ -24,6 +24,7 @@ from tuner.study.identity import StudyIdentity
 from tuner.study.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
 from tuner.study.session import open_session
+from tuner.study.spaces.base import KEEP_ALL_ATTR
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
@@ -125,7 +126,7 @@ def test_everything_names_the_confirmed_trial_when_the_fastest_fails(
     assert [r["trial"] for r in rows if r["recommended"]] == [second.number]
     assert Schedule.load(d / "recommended.json").metadata["trial"] == second.number
     # a later trial makes the confirmation stale: back to the fastest feasible until it is rerun
-    study.enqueue_trial({"n_stages": 0})
+    study.enqueue_trial({}, user_attrs={KEEP_ALL_ATTR: True})  # keep-all again: refused, a fresh draw runs
     assert main(_raced(tiny_folder, tmp_path, trials=4, k=0, accuracy="fidelity")) == 0
     study = optuna.load_study(study_name="c", storage=f"sqlite:///{d / 'study.db'}")
     assert Confirmation.of_study(study) is None

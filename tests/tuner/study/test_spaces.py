@@ -18,7 +18,6 @@ from lazyllm.scoring import Scoring
 from tuner.study.handmade import one_stage_grid
 from tuner.study.records import schedule_key
 from tuner.study.spaces import (
-    GENTLE_PEER_KEEP,
     SEARCH_SPACE_DIR,
     ParametricSpace,
     PerLayerSpace,
@@ -191,7 +190,7 @@ def test_fixed_stage_points(data: st.DataObject, num_layers: int) -> None:
     space = SPACES["stages"]
     assert isinstance(space, StagesSpace)
     low, high = space.layer_range(num_layers)
-    n = data.draw(st.integers(0, space.max_stages))
+    n = data.draw(st.integers(1, space.max_stages))  # 0 (keep-all) is the reference trial, not sampled
     params: dict[str, Any] = {"n_stages": n}
     for i in range(n):
         params[f"stage{i}_layer"] = data.draw(st.integers(low, high))
@@ -272,9 +271,9 @@ def test_stages_same_layer_composes() -> None:
 
 
 def test_stages_zero_is_keep_all() -> None:
-    schedule = SPACES["stages"].suggest(
-        FixedTrial({"n_stages": 0, "scoring": "w1-softmax-none-mean"}), "m", 30
-    )
+    """``n_stages = 0`` reads back as keep-all (a study stored before); the sampler is never offered it
+    (tests/tuner/study/test_reference.py)."""
+    schedule = SPACES["stages"].to_schedule({"n_stages": 0, "scoring": "w1-softmax-none-mean"}, "m", 30)
     assert schedule == Schedule.keep_all("m", 30)
     assert not schedule.prunes
 
@@ -334,14 +333,14 @@ def test_parametric_front_prunes_more_early_than_back(num_layers: int, n_stages:
 def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
     space = SPACES[name]
     points = space.warm_start(num_layers)
-    # keep-all, paper-style, the families (one stage at mid depth; where the space has three stages, the
-    # gradual family: 40% after each quarter of depth with today's rule, then 20% with each published
-    # peer's rule), then the two published peers at a gentler share, then as published (per_layer caps
-    # a layer at 60%, so a peer's published 80% is its gentler 60%: queued once)
-    families = 4 if isinstance(space, StagesSpace) and space.max_stages >= 3 else 1
+    # paper-style (keep-all is the study's reference trial, not a warm start), the families (one stage
+    # at mid depth; in the stages space, the paper-style recipe from a quarter of depth, chosen on
+    # validation), then the two published peers at their published settings (per_layer caps a layer at
+    # 60%, so a peer's published 80% becomes 60%)
+    families = 2 if isinstance(space, StagesSpace) and num_layers > 2 else 1  # 2 layers: quarter = paper
     clipped = name == "per_layer"
-    hand_made = space.hand_made_starts(num_layers, points[: 2 + families + (2 if clipped else 4)])
-    assert len(points) == 2 + families + (2 if clipped else 4) + len(hand_made)
+    hand_made = space.hand_made_starts(num_layers, points[: 1 + families + 2])
+    assert len(points) == 1 + families + 2 + len(hand_made)
     assert points[len(points) - len(hand_made) :] == hand_made
     study = optuna.create_study(sampler=RandomSampler(seed=0))
     for point in points:
@@ -353,31 +352,23 @@ def test_warm_start_points_lie_in_the_space(name: str, num_layers: int) -> None:
         assert space.to_schedule(point, "m", num_layers) == schedule
         _check_valid(schedule, num_layers)
         schedules.append(schedule)
-    schedules = schedules[: len(schedules) - len(hand_made)]
-    if clipped:
-        schedules += schedules[-2:]  # the published points are the gentler ones
-    keep_all, paper, mid, *gradual, gentle_gemfilter, gentle_tsp, gemfilter, tsp = schedules
-    assert keep_all == Schedule.keep_all("m", num_layers)
+    assert all(s.prunes for s in schedules)
+    paper, mid, *quarter, gemfilter, tsp = schedules[: len(schedules) - len(hand_made)]
     assert paper.prunes and paper.scoring == Scoring()
     assert paper.keep_fractions()[-1] < 0.5
     # one stage at mid depth (clipped to the space's layers) keeping half
     assert mid.scoring == Scoring() and sum(p > 0 for p in mid.percentiles) == 1
     assert mid.keep_fractions()[-1] == pytest.approx(0.5, abs=0.03)
-    for g, keep, rule in zip(gradual, (0.216, 0.512, 0.512), (Scoring(), gemfilter.scoring, tsp.scoring)):
-        # three stages after each quarter of depth: 40% with today's rule (0.6 ** 3 kept), then 20%
-        # with each peer's rule (0.8 ** 3 kept; FastKV's the fastest within budget on the 2048 grid)
-        assert g.scoring == rule and g.keep_fractions()[-1] == pytest.approx(keep, abs=1e-6)
-        if num_layers >= 8:
-            assert sum(p > 0 for p in g.percentiles) == 3
-    # the peers' published configurations, each with its own rule, pruning once after its own layer;
-    # first keeping GENTLE_PEER_KEEP (0.4) of the tokens, then the published share (0.2)
+    for q in quarter:  # paper-style from a quarter of depth, 30% reaching the end (on the 5% grid)
+        assert q.scoring == Scoring() and q.keep_fractions()[-1] == pytest.approx(0.3, abs=0.03)
+        first = next(i for i, p in enumerate(q.percentiles) if p > 0)
+        assert first == max(num_layers // 4, space.layer_range(num_layers)[0])
+    # the peers' published configurations, each with its own rule, pruning once after its own layer,
+    # keeping the published 20% (where the space can prune that much)
     assert str(gemfilter.scoring) == "w1-raw-avg5-sum" and str(tsp.scoring) == "w8-softmax-max7-sum"
-    for gentle, peer in ((gentle_gemfilter, gemfilter), (gentle_tsp, tsp)):
-        assert peer.prunes and sum(p > 0 for p in peer.percentiles) == 1
-        assert gentle.scoring == peer.scoring
-        assert [p > 0 for p in gentle.percentiles] == [p > 0 for p in peer.percentiles]
-        assert gentle.keep_fractions()[-1] == pytest.approx(GENTLE_PEER_KEEP, abs=0.03)
-        assert peer.keep_fractions()[-1] == pytest.approx(GENTLE_PEER_KEEP if clipped else 0.2, abs=0.03)
+    for peer in (gemfilter, tsp):
+        assert sum(p > 0 for p in peer.percentiles) == 1
+        assert peer.keep_fractions()[-1] == pytest.approx(0.4 if clipped else 0.2, abs=0.03)
 
 
 @pytest.mark.parametrize("num_layers", [4, 18, 30])
@@ -404,14 +395,14 @@ def test_warm_start_paper_point_matches_paper_style(num_layers: int, tmp_path: P
     # without a grid, stages and parametric reproduce the paper-style schedule
     path = _write(tmp_path, "kind: stages\n")
     stages = load_space(path)
-    assert stages.to_schedule(stages.warm_start(num_layers)[1], "m", num_layers) == paper
+    assert stages.to_schedule(stages.warm_start(num_layers)[0], "m", num_layers) == paper
     parametric = SPACES["parametric"]
-    got = parametric.to_schedule(parametric.warm_start(num_layers)[1], "m", num_layers)
+    got = parametric.to_schedule(parametric.warm_start(num_layers)[0], "m", num_layers)
     assert got.percentiles == pytest.approx(paper.percentiles, abs=1e-4)
     # the packaged grids of 5 round the paper's 25.98% to 25%, at the paper's layers
     for name in ("stages", "per_layer"):
         space = SPACES[name]
-        got = space.to_schedule(space.warm_start(num_layers)[1], "m", num_layers)
+        got = space.to_schedule(space.warm_start(num_layers)[0], "m", num_layers)
         assert got.percentiles == tuple(25.0 if p > 0 else 0.0 for p in paper.percentiles)
 
 
@@ -424,11 +415,11 @@ def test_parametric_keep_all_only_where_the_space_holds_it(tmp_path: Path) -> No
     space = load_space(path)
     points = space.warm_start(30)
     assert points[0] == {"start_depth": 0.6, "final_keep": 0.2, "n_stages": 2, "shape": "front"}
-    # paper-style, the mid-depth family, two peers (clipped to this space, so some coincide: a study
-    # refuses the repeats), then the hand-made one-stage points this space does not already hold
-    # (clipped to start 0.6 and keep <= 0.2, only keeping 10% is new); one rule: no parameter
-    assert len(points) == 4 + 1 and all("scoring" not in p for p in points)
-    assert points[4:] == space.hand_made_starts(30, points[:4])
+    # paper-style, the mid-depth family, the two peers (clipped to this space they coincide: queued
+    # once), then the hand-made one-stage points this space does not already hold (clipped to start
+    # 0.6 and keep <= 0.2, only keeping 10% is new); one rule: no parameter
+    assert len(points) == 3 + 1 and all("scoring" not in p for p in points)
+    assert points[3:] == space.hand_made_starts(30, points[:3])
     assert space.to_schedule(points[0], "m", 30).keep_fractions()[-1] == pytest.approx(0.2)
 
 

@@ -32,8 +32,9 @@ def test_a_study_made_with_other_settings_is_refused(tmp_path: Path) -> None:
         assert study.metric_names == ["speedup", "accuracy_loss"]
         assert open_study(settings, 30, storage).study_name == "s"  # the same settings resume it
         with pytest.raises(
-            ValueError, match=r"made with other settings \{'max_accuracy_loss': \(2.0, 1.0\)\}"
-        ):
+            ValueError,
+            match=r"made with other settings \{'max_accuracy_loss': \(2.0, 1.0\), 'search_cap': \(",
+        ):  # the prior-derived cap follows the budget
             open_study(_settings(tmp_path, max_accuracy_loss=1.0), 30, storage)
     finally:
         storage.engine.dispose()
@@ -61,8 +62,9 @@ def test_warm_starts_are_queued_once(tmp_path: Path) -> None:
         space = load_space("stages")
         warm_start(study, space, 30)
         warm_start(study, space, 30)  # a resume: nothing queued again
-        queued = [t.system_attrs["fixed_params"] for t in study.get_trials()]
-        assert queued == space.warm_start(30)
+        trials = study.get_trials()
+        assert trials[0].user_attrs == {"keep_all": True}  # the reference trial, no parameters
+        assert [t.system_attrs["fixed_params"] for t in trials[1:]] == space.warm_start(30)
     finally:
         storage.engine.dispose()
 

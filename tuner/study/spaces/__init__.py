@@ -38,7 +38,6 @@ from typing import Any
 import yaml
 
 from tuner.study.spaces.base import (
-    GENTLE_PEER_KEEP,
     SEARCH_SPACE_DIR,
     SHAPES,
     SearchSpace,
@@ -52,7 +51,6 @@ from tuner.study.spaces.stages import StagesSpace
 from tuner.study.strict_yaml import load_strict
 
 __all__ = [
-    "GENTLE_PEER_KEEP",
     "KINDS",
     "SEARCH_SPACE_DIR",
     "SHAPES",

@@ -27,11 +27,10 @@ SHAPES: tuple[str, ...] = ("even", "front", "back")
 MAX_COMPOSED_PCT = 99.0
 """Cap on the percentile of a layer where several stages of :class:`StagesSpace` fall together."""
 
-GENTLE_PEER_KEEP = 0.4
-"""Share of the tokens a peer's gentler warm start keeps: twice TSP's and GemFilter's published 0.2,
-which were set for 8B models on LongBench's full contexts. On a small model with prompts cut short
-both published shares can drift far past a small budget, while keeping 0.4 stays within it; the
-measurement behind the choice is in docs/."""
+KEEP_ALL_ATTR = "keep_all"
+"""User attr of the study's reference trial: keep-all, queued once before the warm starts
+(:func:`tuner.study.storage.warm_start`) with no parameters, so it is no point of the sampler's space
+(:meth:`SearchSpace.trial_schedule`)."""
 
 PAPER_FINAL_KEEP = 0.3  # as Schedule.paper_style
 PAPER_STAGES = 4  # as Schedule.paper_style
@@ -209,10 +208,19 @@ class SearchSpace(ABC):
 
     @abstractmethod
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
-        """Parameter dicts for ``study.enqueue_trial``, inside this space: keep-all (where the space
-        holds it) first, then a paper-style progressive schedule (today's rule), then the published
-        peers with their own rules (:meth:`peer_starts`), then the one-stage hand-made family
-        (:meth:`hand_made_starts`)."""
+        """Parameter dicts for ``study.enqueue_trial``, inside this space: a paper-style progressive
+        schedule (today's rule), then the published peers with their own rules (:meth:`peer_starts`),
+        then the one-stage hand-made family (:meth:`hand_made_starts`). Keep-all is not among them:
+        the study queues it once as its reference trial (:data:`KEEP_ALL_ATTR`)."""
+
+    def trial_schedule(self, trial: BaseTrial, model: str, num_layers: int) -> Schedule:
+        """The schedule ``trial`` evaluates: keep-all for the study's reference trial (user attr
+        :data:`KEEP_ALL_ATTR`, no parameters asked, so the sampler never models it), else
+        :meth:`suggest`."""
+        if trial.user_attrs.get(KEEP_ALL_ATTR):
+            check_num_layers(num_layers)
+            return Schedule.keep_all(model, num_layers)
+        return self.suggest(trial, model, num_layers)
 
     def suggest(self, trial: BaseTrial, model: str, num_layers: int) -> Schedule:
         """Ask ``trial`` for a schedule of ``model`` (``num_layers`` decoder layers), its scoring rule
@@ -262,24 +270,25 @@ class SearchSpace(ABC):
 
     def family_starts(self, num_layers: int) -> list[dict[str, Any]]:
         """Starting points for the families of schedules beyond paper-style, with today's rule: one
-        stage at mid depth pruning half the tokens (spaces with several stages add a gradual one)."""
+        stage at mid depth pruning half the tokens (a hand-made point, chosen on no data; the stages
+        space adds a validation-chosen one)."""
         mid = min(num_layers // 2, num_layers - 2)  # the last layer cannot prune (nothing follows it)
         return [self._with_rule(self._one_stage(mid, 0.5, num_layers), Scoring())]
 
     def peer_starts(self, num_layers: int) -> list[dict[str, Any]]:
         """The published peers (:mod:`lazyllm.peers`) as points of this space, each as one stage at its
-        own layer with its own rule (clipped to the space): first every peer keeping
-        :data:`GENTLE_PEER_KEEP` of the tokens, then every peer at its published share (where the
-        space's range does not make the two one point)."""
-        gentle: list[dict[str, Any]] = []
-        published: list[dict[str, Any]] = []
+        published layer and share with its own rule (clipped to the space): GemFilter filtering at
+        layer 13 of 32 and keeping 20% (the share FastKV's authors run it with on LongBench), FastKV's
+        TSP after layer 15 of 32 keeping 20%, each layer scaled to the model's depth (the sources are
+        in each peer module's docstring). No share was chosen on data of ours."""
+        points: list[dict[str, Any]] = []
         for peer in PEERS.values():
             if peer.published:
                 layer, keep = peer.as_stage(num_layers)
-                softer = max(keep, GENTLE_PEER_KEEP)
-                gentle.append(self._with_rule(self._one_stage(layer, softer, num_layers), peer.rule))
-                published.append(self._with_rule(self._one_stage(layer, keep, num_layers), peer.rule))
-        return [*gentle, *(p for p in published if p not in gentle)]
+                point = self._with_rule(self._one_stage(layer, keep, num_layers), peer.rule)
+                if point not in points:
+                    points.append(point)
+        return points
 
     def hand_made_starts(self, num_layers: int, queued: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The one-stage hand-made family (:func:`tuner.study.handmade.one_stage_points`) as points of this

@@ -149,29 +149,19 @@ class ParametricSpace(SearchSpace):
         return self._schedule(model, values, used, params)
 
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
-        """Keep-all (``final_keep = 1``; only when ``final_keep_high == 1``), then the paper-style
-        point: start at mid-depth, keep 0.3, 4 stages, ``even`` (each clipped to its range), then the
-        families, the peers and the one-stage hand-made family, as in the other spaces."""
+        """The paper-style point: start at mid-depth, keep 0.3, 4 stages, ``even`` (each clipped to its
+        range), then the families, the peers and the one-stage hand-made family, as in the other
+        spaces (keep-all is the study's reference trial)."""
         check_num_layers(num_layers)
         paper_start = min(num_layers // 2, num_layers - 2) / (num_layers - 1)
-        points: list[dict[str, Any]] = []
-        if self.final_keep_high == 1.0:
-            points.append(
-                {
-                    "start_depth": self.start_depth_low,
-                    "final_keep": 1.0,
-                    "n_stages": self.n_stages_low,
-                    "shape": self.shapes[0],
-                }
-            )
-        points.append(
+        points = [
             {
                 "start_depth": snap(paper_start, self.start_depth_low, self.start_depth_high, None),
                 "final_keep": snap(PAPER_FINAL_KEEP, self.final_keep_low, self.final_keep_high, None),
                 "n_stages": min(max(PAPER_STAGES, self.n_stages_low), self.n_stages_high),
                 "shape": "even" if "even" in self.shapes else self.shapes[0],
             }
-        )
+        ]
         queued = [
             *(self._with_rule(p, Scoring()) for p in points),
             *self.family_starts(num_layers),

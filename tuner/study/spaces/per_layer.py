@@ -62,18 +62,16 @@ class PerLayerSpace(SearchSpace):
         return self._schedule(model, values, used, params)
 
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
-        """Keep-all (all zero), then the paper-style percentiles clipped and rounded to the grid, then
-        the families, the peers and the one-stage hand-made family, as in the other spaces."""
+        """The paper-style percentiles clipped and rounded to the grid, then the families, the peers and
+        the one-stage hand-made family, as in the other spaces (keep-all is the study's reference trial)."""
         check_num_layers(num_layers)
         paper = paper_reference(num_layers)
-        keep_all = {f"layer{layer}_pct": 0.0 for layer in range(num_layers - 1)}
         point = {
             f"layer{layer}_pct": snap(paper.percentiles[layer], 0.0, self.pct_high, self.pct_step)
             for layer in range(num_layers - 1)
         }
         rule = Scoring()
         points = [
-            self._with_rule(keep_all, rule),
             self._with_rule(point, rule),
             *self.family_starts(num_layers),
             *self.peer_starts(num_layers),

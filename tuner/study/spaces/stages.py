@@ -8,10 +8,11 @@ from typing import Any, ClassVar
 
 from optuna.trial import BaseTrial
 
-from lazyllm.peers import PEERS
 from lazyllm.schedule import Schedule
 from lazyllm.scoring import Scoring
 from tuner.study.spaces.base import (
+    PAPER_FINAL_KEEP,
+    PAPER_STAGES,
     SearchSpace,
     check_num_layers,
     check_range,
@@ -29,10 +30,13 @@ from tuner.study.spaces.base import (
 class StagesSpace(SearchSpace):
     """Up to ``max_stages`` pruning stages, each a layer and a percentile.
 
-    Parameters: ``n_stages`` in ``0..max_stages``; for each stage ``i < n_stages``, ``stage{i}_layer``
-    (an integer layer in :meth:`layer_range`) and ``stage{i}_pct`` (in ``[pct_low, pct_high]``, on the
-    ``pct_step`` grid if set). ``n_stages = 0`` is keep-all. Stages on the same layer compose
-    multiplicatively (:func:`compose_percentiles`, capped at :data:`MAX_COMPOSED_PCT`).
+    Parameters: ``n_stages`` in ``1..max_stages`` when sampled; for each stage ``i < n_stages``,
+    ``stage{i}_layer`` (an integer layer in :meth:`layer_range`) and ``stage{i}_pct`` (in
+    ``[pct_low, pct_high]``, on the ``pct_step`` grid if set). ``n_stages = 0`` is keep-all: it reads
+    back (:meth:`to_schedule`, studies stored before), but the sampler never proposes it, since the
+    study evaluates keep-all once as its reference trial and a sampler that models ``n_stages = 0``
+    keeps proposing that non-dominated point (every proposal a refused duplicate). Stages on the same
+    layer compose multiplicatively (:func:`compose_percentiles`, capped at :data:`MAX_COMPOSED_PCT`).
 
     Args:
         max_stages: the most stages a schedule may have (>= 1).
@@ -71,7 +75,7 @@ class StagesSpace(SearchSpace):
 
     def suggest_params(self, trial: BaseTrial, num_layers: int) -> dict[str, Any]:
         low, high = self.layer_range(num_layers)
-        params: dict[str, Any] = {"n_stages": trial.suggest_int("n_stages", 0, self.max_stages)}
+        params: dict[str, Any] = {"n_stages": trial.suggest_int("n_stages", 1, self.max_stages)}
         for i in range(params["n_stages"]):
             params[f"stage{i}_layer"] = trial.suggest_int(f"stage{i}_layer", low, high)
             params[f"stage{i}_pct"] = trial.suggest_float(
@@ -97,50 +101,49 @@ class StagesSpace(SearchSpace):
         return self._schedule(model, tuple(values), used, params)
 
     def warm_start(self, num_layers: int) -> list[dict[str, Any]]:
-        """Keep-all (``n_stages = 0``), then the paper-style stages with layers clipped to
-        :meth:`layer_range` and percentiles clipped and rounded to the range and grid (today's rule),
-        then the families (:meth:`family_starts`: one stage at mid depth, a gradual three-stage
-        schedule), then the peers (:meth:`SearchSpace.peer_starts`: gentler shares, then published),
-        then the one-stage hand-made family (:meth:`SearchSpace.hand_made_starts`)."""
+        """The paper-style stages with layers clipped to :meth:`layer_range` and percentiles clipped and
+        rounded to the range and grid (today's rule; the paper's recipe), then the families
+        (:meth:`family_starts`: one stage at mid depth, the progressive recipe from a quarter of depth),
+        then the peers at their published settings (:meth:`SearchSpace.peer_starts`), then the
+        one-stage hand-made family (:meth:`SearchSpace.hand_made_starts`)."""
         check_num_layers(num_layers)
+        point = self._stages_of(paper_reference(num_layers, self.max_stages), num_layers)
+        points: list[dict[str, Any]] = []
+        for p in (
+            self._with_rule(point, Scoring()),
+            *self.family_starts(num_layers),
+            *self.peer_starts(num_layers),
+        ):
+            if p not in points:  # on a shallow model two recipes can be one point
+                points.append(p)
+        return [*points, *self.hand_made_starts(num_layers, points)]
+
+    def family_starts(self, num_layers: int) -> list[dict[str, Any]]:
+        """One stage at mid depth pruning half (a hand-made point, chosen on no data), then the
+        paper-style recipe started at a quarter of depth, keeping 30% (the held-out check's ``paper
+        start=L/4 keep=0.3``): of the recorded 2048-token open-QA grid, the fastest schedule within a
+        2-point budget on its **validation** split, whose questions no test split holds
+        (docs/tuning.md#warm-starts). No warm start was chosen on test data."""
+        points = super().family_starts(num_layers)
+        start = num_layers // 4
+        stages = max(1, min(PAPER_STAGES, self.max_stages, num_layers - 1 - start))
+        quarter = Schedule.progressive(
+            "m", num_layers, start_layer=start, final_keep=PAPER_FINAL_KEEP, stages=stages
+        )
+        point = self._with_rule(self._stages_of(quarter, num_layers), Scoring())
+        if point["n_stages"] > 0 and point not in points:
+            points.append(point)
+        return points
+
+    def _stages_of(self, schedule: Schedule, num_layers: int) -> dict[str, Any]:
+        """``schedule``'s pruning layers as stages of this space: layers clipped to :meth:`layer_range`,
+        percentiles clipped and rounded to the range and grid, at most :attr:`max_stages`."""
         low, high = self.layer_range(num_layers)
-        paper = paper_reference(num_layers, self.max_stages)
-        stages = [(layer, p) for layer, p in enumerate(paper.percentiles) if p > 0]
+        stages = [(layer, p) for layer, p in enumerate(schedule.percentiles) if p > 0][: self.max_stages]
         point: dict[str, Any] = {"n_stages": len(stages)}
         for i, (layer, p) in enumerate(stages):
             point[f"stage{i}_layer"] = min(max(layer, low), high)
             point[f"stage{i}_pct"] = snap(p, self.pct_low, self.pct_high, self.pct_step)
-        keep_all = self._with_rule({"n_stages": 0}, Scoring())
-        points = [
-            keep_all,
-            self._with_rule(point, Scoring()),
-            *self.family_starts(num_layers),
-            *self.peer_starts(num_layers),
-        ]
-        return [*points, *self.hand_made_starts(num_layers, points)]
-
-    def family_starts(self, num_layers: int) -> list[dict[str, Any]]:
-        """One stage at mid depth pruning half, then (with room for three stages) the gradual family,
-        three stages after each quarter of depth: 40% with today's rule, the fastest hand-made schedule
-        within budget in ``benchmarks/objective_noise.py``, then 20% with each published peer's rule
-        (:mod:`lazyllm.peers`), FastKV's the fastest schedule within a 2-point budget on the 2048-token
-        open-QA grid's test split (docs/statistics.md)."""
-        points = super().family_starts(num_layers)
-        if self.max_stages >= 3:
-            points.append(self._with_rule(self._gradual(40.0, num_layers), Scoring()))
-            for peer in PEERS.values():
-                point = self._with_rule(self._gradual(20.0, num_layers), peer.rule)
-                if peer.published and point not in points:
-                    points.append(point)
-        return points
-
-    def _gradual(self, pct: float, num_layers: int) -> dict[str, Any]:
-        """Three stages pruning ``pct`` percent each, after each quarter of depth (clipped to the space)."""
-        low, high = self.layer_range(num_layers)
-        point: dict[str, Any] = {"n_stages": 3}
-        for i in range(3):
-            point[f"stage{i}_layer"] = min(max(round((i + 1) * num_layers / 4), low), high)
-            point[f"stage{i}_pct"] = snap(pct, self.pct_low, self.pct_high, self.pct_step)
         return point
 
     def _one_stage(self, layer: int, keep: float, num_layers: int) -> dict[str, Any]:

@@ -1,0 +1,84 @@
+"""The fidelity cap of a search: from the model's calibration where one is known, else a constant.
+
+A fidelity search caps the one-sided upper bound of each trial's mean KL per answer token (nats); the
+cap is the constraint the study hands Optuna (``trial.set_constraint``), so a trial over it tells the
+sampler where schedules cannot be picked. The user's budget is in task-score points; the packaged
+slope prior of the model (:mod:`tuner.statistics.prior`: task-score points per nat, fitted on a large
+recorded grid at the study's prompt length and calibration shape) converts it. Without a prior the
+cap is :data:`KL_PER_POINT` nats per point, a constant from before the priors existed; ``--max-kl``
+overrides both. :class:`SearchCap` says which set it; the study's identity, its report and its MLflow
+parameters carry that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuner.statistics.prior import SlopePrior
+
+KL_PER_POINT = 0.3
+"""Fidelity cap of a search where no calibration of the model is known, nats of mean KL per score
+point of the user's budget. It is an exploration cap, not the decision: the study's own calibration
+(:mod:`tuner.statistics.calibration`) picks the recommendation; ``benchmarks/decision_rule.py``
+measures the rule with it (docs/statistics.md). Where a slope prior for the model is known the cap
+follows it instead (:func:`search_cap`)."""
+
+CAP_MARGIN = 1.5
+"""A prior-derived search cap is the KL at which the prior predicts this many times the user's budget.
+The cap binds the one-sided upper bound of a trial's KL (``--confidence``), which on a dozen examples
+per dataset sits well above its estimate (docs/tuning.md#the-search-cap): the margin keeps a schedule
+whose *estimate* is at the prior's budget KL feasible, and the sampler still learns that KL well past
+it is out."""
+
+CAP_SOURCES = ("max_kl", "prior", "constant")
+
+
+@dataclass(frozen=True)
+class SearchCap:
+    """The fidelity cap of a search (nats of mean KL per answer token) and what set it.
+
+    Attributes:
+        nats: the cap.
+        source: ``max_kl`` (the user's ``--max-kl``), ``prior`` (the model's slope prior, with
+            :data:`CAP_MARGIN`) or ``constant`` (:data:`KL_PER_POINT` per point: no evidence).
+        prior: the prior's id when ``source`` is ``prior``.
+    """
+
+    nats: float
+    source: str
+    prior: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.nats) and self.nats >= 0):
+            raise ValueError(f"search cap = {self.nats}: must be a finite number >= 0 (nats)")
+        if self.source not in CAP_SOURCES:
+            raise ValueError(f"search cap source = {self.source!r}: must be one of {', '.join(CAP_SOURCES)}")
+        if (self.source == "prior") != (self.prior is not None):
+            raise ValueError("a search cap names its prior exactly when the prior set it")
+
+    def text(self) -> str:
+        """The cap and what set it, for a report: ``"0.2083 nats (the slope prior ...)"``."""
+        why = {
+            "max_kl": "--max-kl",
+            "prior": f"the slope prior {self.prior}: the KL it predicts to lose {CAP_MARGIN:g}x the budget",
+            "constant": f"no calibration known for the model: {KL_PER_POINT:g} nats per point of budget",
+        }[self.source]
+        return f"{self.nats:.4f} nats ({why})"
+
+
+def search_cap(max_accuracy_loss: float, max_kl: float | None, prior: SlopePrior | None) -> SearchCap:
+    """The fidelity cap of a search: ``max_kl`` when given; else the KL at which ``prior`` (the
+    model's slope prior for the study's prompt length and calibration shape) predicts
+    :data:`CAP_MARGIN` times the budget, ``(margin * B / slope)^(1/p)``; else :data:`KL_PER_POINT`
+    per point. The prior's slope is read as measured on its own grid (no rescaling to the study's
+    unpruned score, which is not known when the study is created); the decision floors its own
+    calibration at the rescaled prior (:meth:`tuner.statistics.calibration.Calibration.floored`)."""
+    if max_kl is not None:
+        return SearchCap(max_kl, "max_kl")
+    if prior is not None and prior.slope > 0 and max_accuracy_loss > 0:
+        nats = (CAP_MARGIN * max_accuracy_loss / prior.slope) ** (1.0 / prior.exponent)
+        return SearchCap(nats, "prior", prior.id)
+    return SearchCap(KL_PER_POINT * max_accuracy_loss, "constant")
