@@ -38,6 +38,8 @@ class StudyIdentity:
     confidence: float = 0.9
     fidelity_top_k: int = 64
     fidelity_gold: bool = False
+    task_fingerprint: str | None = None  # a prompts file's content (and long-prompt rule): never mixed
+    budget_kind: str = "gold"  # agreement: a prompts file without answers (tuner.data.prompts)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not isinstance(self.task, str):

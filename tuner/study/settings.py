@@ -31,7 +31,8 @@ import yaml
 from lazyllm.methods import check_method, needs_schedule, parse_method_options
 from lazyllm.models import DEFAULT_MODEL, DTYPES, parse_dtype
 from lazyllm.schedule import Revival
-from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task, task_help
+from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, is_prompts_path, resolve_task, task_help
+from tuner.data.prompts import AGREEMENT_BUDGET, LONG_PROMPTS, PromptsFile, load_prompts_file
 from tuner.evaluation.speed import CLOCKS
 from tuner.statistics.calibration import LINEAR, check_exponent
 from tuner.statistics.prior import SlopePrior
@@ -157,9 +158,21 @@ class EvalSettings:
             "weights and activations (auto: float32 on CPU, bfloat16 on CUDA)", choices=tuple(DTYPES)
         ),
     )
+    long_prompts: str = field(
+        default="cut",
+        metadata=_help(
+            "a prompts file's prompt over --max-prompt-tokens: cut in the middle as LongBench's are (the "
+            "default, what every built-in task does), or refuse the file naming the row",
+            choices=LONG_PROMPTS,
+        ),
+    )
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)  # the engine's one rule for dtype names
+        if self.long_prompts not in LONG_PROMPTS:
+            raise ValueError(
+                f"long_prompts = {self.long_prompts!r}: must be one of {', '.join(LONG_PROMPTS)}"
+            )
         if self.language not in LANGUAGE_FILTERS:
             raise ValueError(f"language = {self.language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
         if self.split not in SPLITS:
@@ -185,6 +198,26 @@ class EvalSettings:
     @property
     def model_slug(self) -> str:
         return _slug(Path(self.model).name or self.model)
+
+    def prompts_file(self) -> PromptsFile | None:
+        """The task's prompts file, read and validated (None for a named task)."""
+        return load_prompts_file(self.task) if is_prompts_path(self.task) else None
+
+    @property
+    def task_slug(self) -> str:
+        """The task in a folder name; a prompts file's stem and content fingerprint (an edited file is
+        another study)."""
+        prompts = self.prompts_file()
+        if prompts is None:
+            return _slug(self.task)
+        return f"{_slug(prompts.path.stem)}-{prompts.fingerprint[:8]}"
+
+    @property
+    def budget_kind(self) -> str:
+        """What the task's score points measure (:data:`tuner.data.prompts.BUDGET_KINDS`): ``gold``,
+        or ``agreement`` for a prompts file without answers."""
+        prompts = self.prompts_file()
+        return "gold" if prompts is None else prompts.budget_kind
 
     def eval_only(self) -> EvalSettings:
         """Just the evaluation fields (what the baseline cache and the examples depend on)."""
@@ -219,7 +252,11 @@ class SearchSettings(EvalSettings):
     seed: int = field(default=0, metadata=_help("sampler seed"))
     search_space: str = field(default="stages", metadata=_help("a packaged space name or a YAML path"))
     max_accuracy_loss: float = field(
-        default=2.0, metadata=_help("loss budget in score points (confirmation, recommended.json)")
+        default=2.0,
+        metadata=_help(
+            "loss budget in score points (confirmation, recommended.json) (default: 2.0; for a prompts "
+            f"file without answers, {AGREEMENT_BUDGET:g} agreement points, docs/statistics.md)"
+        ),
     )
     # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (README)
     accuracy: str = field(
@@ -400,7 +437,7 @@ class SearchSettings(EvalSettings):
             if self.search_space.endswith((".yaml", ".yml"))
             else self.search_space
         )
-        return f"{self.model_slug}-{_slug(self.task)}-{_slug(space)}"
+        return f"{self.model_slug}-{self.task_slug}-{_slug(space)}"
 
     @property
     def study_dir(self) -> Path:
@@ -458,7 +495,13 @@ class SearchSettings(EvalSettings):
         keys = ("model", "dtype", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
                 "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival", "timing_clock",
                 "confidence", "fidelity_top_k", "fidelity_gold")  # fmt: skip
-        return {k: getattr(self, k) for k in keys}
+        prompts = self.prompts_file()
+        file = {} if prompts is None else {"task_fingerprint": f"{prompts.fingerprint}/{self.long_prompts}"}
+        return (
+            {k: getattr(self, k) for k in keys}
+            | {"task_fingerprint": None, "budget_kind": self.budget_kind}
+            | file
+        )
 
 
 @dataclass(frozen=True)
@@ -569,6 +612,8 @@ def resolve_settings(
     if preset:
         values.update(load_preset(preset, cls))
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if "max_accuracy_loss" not in values and _agreement_task(cls, values.get("task")):
+        values["max_accuracy_loss"] = AGREEMENT_BUDGET  # the default budget in agreement points
     for f in fields(cls):
         if f.name in values:
             _check_type(f, values[f.name])
@@ -576,6 +621,13 @@ def resolve_settings(
         return cls(**values)
     except TypeError as exc:
         raise ValueError(f"bad settings: {exc}") from None
+
+
+def _agreement_task(cls: type[EvalSettings], task: Any) -> bool:
+    """Whether ``task`` is a prompts file without answers, for settings of ``cls`` that hold a budget."""
+    if "max_accuracy_loss" not in _field_names(cls) or not isinstance(task, str) or not is_prompts_path(task):
+        return False
+    return load_prompts_file(task).budget_kind == "agreement"
 
 
 def settings_from_flags(args: Any, cls: type[S]) -> S:
