@@ -177,6 +177,14 @@ def _check_bytes(path: Path, builder: str) -> None:
         if head != b"PAR1":
             raise ValueError(f"{path}: not a Parquet file (no PAR1 magic); write Parquet or use .jsonl")
         return
+    with path.open("rb") as f:
+        head = f.read(8192)
+    if b"\x00" in head:  # the usual test for a binary file, before any line is read as text
+        line = head[: head.index(b"\x00")].count(b"\n") + 1
+        raise ValueError(
+            f"{path}: binary content (a NUL byte on line {line}); a prompts file is UTF-8 text "
+            "(JSONL, JSON or CSV) or Parquet"
+        )
     _scan_text(path)
     with path.open("rb") as f:
         if not f.read(4096).strip() and not f.read(1):
@@ -189,7 +197,7 @@ def _check_bytes(path: Path, builder: str) -> None:
 # rows
 def _strings(value: Any, what: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
-        raise _Refused(f"{what} = {_short(value)} is not a non-empty list of strings")
+        raise _Refused(f'{what} = {_short(value)} is not a non-empty list of strings; write e.g. ["Paris"]')
     return tuple(value)
 
 

@@ -65,7 +65,7 @@ from tuner.data.longbench import (
 from tuner.data.metrics import agreement_score, score_example, task_score
 from tuner.data.openqa import PROMPTS as OPENQA_PROMPTS
 from tuner.data.openqa import RecordBuilder, build_split, openqa_specs, resolve_openqa_source
-from tuner.data.prompts import PromptRow, load_prompts_file
+from tuner.data.prompts import PromptRow
 from tuner.data.sources import resolve_source
 from tuner.evaluation.integrity import announce_rebuild, as_json_value, json_digest
 from tuner.evaluation.speed import (
@@ -179,7 +179,8 @@ def _too_long(where: str, row: PromptRow, limit: int) -> str:
 def file_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
     """The examples of a prompts file's split (:mod:`tuner.data.prompts`): ``n_examples`` first rows
     of the hashed split, each with its metric, answer length (capped by ``max_new_tokens``) and stops."""
-    prompts = load_prompts_file(config.task)
+    prompts = config.prompts_file  # the content the settings were made with
+    assert prompts is not None, "file_examples needs a prompts file task"
     split: Split = config.split  # type: ignore[assignment]  # checked by EvalSettings
     rows = prompts.split(split, config.split_seed)
     if config.n_examples is not None:
@@ -260,7 +261,8 @@ def data_fingerprint(config: EvalSettings) -> str:
     """Digest of the data a task reads (contents, not size + mtime, which would miss an edited copy);
     a prompts file's with its long-prompt rule (it decides the examples' ids)."""
     if is_prompts_path(config.task):
-        return f"prompts-{load_prompts_file(config.task).fingerprint}-{config.long_prompts}"
+        assert config.prompts_file is not None
+        return f"prompts-{config.prompts_file.fingerprint}-{config.long_prompts}"
     names = [spec.name for spec in longbench_specs(config.task, config.language)]
     parts = [resolve_source(config.data_dir).fingerprint(names)] if names else []
     built = openqa_specs(config.task, config.language)

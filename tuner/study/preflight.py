@@ -45,7 +45,7 @@ def check_search(settings: SearchSettings) -> None:
     from tuner.tracking.runs import default_tracking_uri, wanted
 
     load_space(settings.search_space)  # an unknown or malformed space fails here
-    prompts = settings.prompts_file()  # a prompts file: read and every row checked, before any state
+    prompts = settings.prompts_file  # a prompts file: read and every row checked, before any state
     if prompts is not None:
         check_splits(prompts, settings.split_seed, settings.heldout)  # enough for a held-out check
     # the model's context, when its config is on disk (else tuner.evaluation.runner.Evaluator checks the loaded one)
@@ -105,7 +105,6 @@ def check_evaluate(settings: EvaluateSettings) -> Schedule | None:
     from tuner.data.sources import resolve_source
 
     schedule = load_schedule(settings.schedule) if settings.schedule else None
-    settings.prompts_file()  # a prompts file: read and every row checked
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)
     check_task(settings.task, settings.language, settings.openqa_dir)
     return schedule

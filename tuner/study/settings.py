@@ -184,6 +184,7 @@ class EvalSettings:
         ):
             raise ValueError(f"task = {self.task!r}: a comma list with an empty part; drop the extra comma")
         resolve_task(self.task, self.language)  # an unknown task fails here, before any state
+        _ = self.prompts_file  # a prompts file is read and checked once, here: its content is the study's
         if self.n_examples is not None and self.n_examples < 1:
             raise ValueError(f"n_examples = {self.n_examples}: must be >= 1 (or null for all)")
         if self.max_prompt_tokens < 16:
@@ -199,15 +200,17 @@ class EvalSettings:
     def model_slug(self) -> str:
         return _slug(Path(self.model).name or self.model)
 
+    @functools.cached_property
     def prompts_file(self) -> PromptsFile | None:
-        """The task's prompts file, read and validated (None for a named task)."""
+        """The task's prompts file as it was when these settings were made, read and validated (None
+        for a named task): the study's name and identity are of that content."""
         return load_prompts_file(self.task) if is_prompts_path(self.task) else None
 
     @property
     def task_slug(self) -> str:
         """The task in a folder name; a prompts file's stem and content fingerprint (an edited file is
         another study)."""
-        prompts = self.prompts_file()
+        prompts = self.prompts_file
         if prompts is None:
             return _slug(self.task)
         return f"{_slug(prompts.path.stem)}-{prompts.fingerprint[:8]}"
@@ -216,7 +219,7 @@ class EvalSettings:
     def budget_kind(self) -> str:
         """What the task's score points measure (:data:`tuner.data.prompts.BUDGET_KINDS`): ``gold``,
         or ``agreement`` for a prompts file without answers."""
-        prompts = self.prompts_file()
+        prompts = self.prompts_file
         return "gold" if prompts is None else prompts.budget_kind
 
     def eval_only(self) -> EvalSettings:
@@ -495,7 +498,7 @@ class SearchSettings(EvalSettings):
         keys = ("model", "dtype", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
                 "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival", "timing_clock",
                 "confidence", "fidelity_top_k", "fidelity_gold")  # fmt: skip
-        prompts = self.prompts_file()
+        prompts = self.prompts_file
         file = {} if prompts is None else {"task_fingerprint": f"{prompts.fingerprint}/{self.long_prompts}"}
         return (
             {k: getattr(self, k) for k in keys}
