@@ -57,9 +57,15 @@ DEFAULT_METRIC = "qa_f1"
 HEADER_KEYS = frozenset({"metric", "max_new_tokens", "template", "stop", "rows"})
 LONG_PROMPTS = ("cut", "refuse")
 """What ``--long-prompts`` does with a prompt over ``--max-prompt-tokens``: cut it in the middle, or refuse."""
-AGREEMENT_BUDGET = 2.0
-"""The default ``--max-accuracy-loss`` of a file without answers, in agreement points (placeholder
-until measured: docs/statistics.md)."""
+AGREEMENT_BUDGET = 20.0
+"""The default ``--max-accuracy-loss`` of a file without answers, in agreement points: what a 2-point
+gold budget corresponds to on the open-QA grid, rounded down (``benchmarks/agreement_vs_gold.py``,
+docs/statistics.md)."""
+GOLD_PER_AGREEMENT_POINT = 2.0 / AGREEMENT_BUDGET
+"""Gold points per agreement point at the default (the search's KL cap reads an agreement budget so)."""
+AGREEMENT_EXPONENT = 0.5
+"""The calibration's shape for agreement: loss = slope x KL^0.5 (the straight line fits worse than a
+constant on the grid, docs/statistics.md)."""
 BUDGET_KINDS = ("gold", "agreement")
 """What a task's score points measure: agreement with gold answers, or with the unpruned model's own."""
 

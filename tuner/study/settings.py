@@ -32,7 +32,14 @@ from lazyllm.methods import check_method, needs_schedule, parse_method_options
 from lazyllm.models import DEFAULT_MODEL, DTYPES, parse_dtype
 from lazyllm.schedule import Revival
 from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, is_prompts_path, resolve_task, task_help
-from tuner.data.prompts import AGREEMENT_BUDGET, LONG_PROMPTS, PromptsFile, load_prompts_file
+from tuner.data.prompts import (
+    AGREEMENT_BUDGET,
+    AGREEMENT_EXPONENT,
+    GOLD_PER_AGREEMENT_POINT,
+    LONG_PROMPTS,
+    PromptsFile,
+    load_prompts_file,
+)
 from tuner.evaluation.speed import CLOCKS
 from tuner.statistics.calibration import LINEAR, check_exponent
 from tuner.statistics.prior import SlopePrior
@@ -454,7 +461,10 @@ class SearchSettings(EvalSettings):
     @functools.cached_property
     def prior(self) -> SlopePrior | None:
         """The slope prior ``slope_prior`` names, read once (None: ``none``, or ``auto`` with no
-        packaged prior for this model)."""
+        packaged prior for this model, or for an agreement budget: the packaged priors are in gold
+        points, and an agreement calibration's slope is ten times theirs, docs/statistics.md)."""
+        if self.slope_prior == "auto" and self.budget_kind == "agreement":
+            return None
         return resolve_prior(
             self.slope_prior, self.model_slug, self.max_prompt_tokens, self.calibration_exponent
         )
@@ -615,8 +625,8 @@ def resolve_settings(
     if preset:
         values.update(load_preset(preset, cls))
     values.update({k: v for k, v in overrides.items() if v is not None})
-    if "max_accuracy_loss" not in values and _agreement_task(cls, values.get("task")):
-        values["max_accuracy_loss"] = AGREEMENT_BUDGET  # the default budget in agreement points
+    if _agreement_task(cls, values.get("task")):
+        _agreement_defaults(cls, values)
     for f in fields(cls):
         if f.name in values:
             _check_type(f, values[f.name])
@@ -631,6 +641,21 @@ def _agreement_task(cls: type[EvalSettings], task: Any) -> bool:
     if "max_accuracy_loss" not in _field_names(cls) or not isinstance(task, str) or not is_prompts_path(task):
         return False
     return load_prompts_file(task).budget_kind == "agreement"
+
+
+def _agreement_defaults(cls: type[EvalSettings], values: dict[str, Any]) -> None:
+    """The defaults of a study budgeted in agreement points, where neither preset nor flag set them
+    (benchmarks/agreement_vs_gold.py, docs/statistics.md): the budget that corresponds to 2 gold points,
+    the square-root calibration (agreement loss against KL is concave: a straight line fits it worse
+    than its mean), and the search's KL cap of that gold budget."""
+    from tuner.statistics.losses import KL_PER_POINT  # losses imports the evaluation, which imports us
+
+    mine = _field_names(cls)
+    values.setdefault("max_accuracy_loss", AGREEMENT_BUDGET)
+    if "calibration_exponent" in mine:
+        values.setdefault("calibration_exponent", AGREEMENT_EXPONENT)
+    if "max_kl" in mine and values.get("accuracy", "fidelity") == "fidelity" and "max_kl" not in values:
+        values["max_kl"] = KL_PER_POINT * GOLD_PER_AGREEMENT_POINT * values["max_accuracy_loss"]
 
 
 def settings_from_flags(args: Any, cls: type[S]) -> S:

@@ -158,3 +158,66 @@ def test_agreement_scores_against_the_unpruned_answer() -> None:
     assert agreement_score("qa_f1", "", "") == 1.0  # an answer agrees with itself, even an empty one
     assert agreement_score("qa_f1", "Paris", "Paris France") == pytest.approx(2 / 3)
     assert agreement_score("qa_f1", "Rome", "Paris") == 0.0
+
+
+def _study_argv(folder: Path, out: Path, task: Path, *extra: str) -> list[str]:
+    return [
+        "--model", str(folder), "--task", str(task), "--max-prompt-tokens", "96", "--max-new-tokens", "4",
+        "--output", str(out), "--study-name", "s", "--sampler", "random", "--n-trials", "3", "--speedup", "flops",
+        "--confirm-k", "2", "--fresh-kl-examples", "0", "--n-examples", "12", "--heldout-n-examples", "10", *extra,
+    ]  # fmt: skip
+
+
+def _file(path: Path, n: int, answers: bool) -> Path:
+    rows = [
+        {
+            "id": f"r{i}",
+            "prompt": f"Note {i}: the harbour lamp {i} is red and the gate {i} is blue. What colour is lamp {i}?",
+            **({"answers": ["red"]} if answers else {}),
+        }
+        for i in range(n)
+    ]
+    path.write_text(_jsonl(rows))
+    return path
+
+
+@pytest.mark.parametrize("answers", [False, True], ids=["agreement", "gold"])
+def test_a_study_on_a_prompts_file_says_which_budget_and_scores_by_it(
+    answers: bool, tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file without answers is a study in agreement points (the unpruned answers are its references:
+    the baseline scores 100 on each prompt), with answers one in gold score points; the console, the
+    held-out check, recommended.json and the MLflow run say which."""
+    task = _file(tmp_path / "mine.jsonl", 50, answers)
+    prompts = load_prompts_file(task)
+    assert min(prompts.split_sizes().values()) >= MIN_SPLIT
+    assert search(_study_argv(tiny_folder, tmp_path / "runs", task)) == 0
+    out = capsys.readouterr().out
+    kind, unit = ("agreement", "agreement points") if not answers else ("gold", "score points")
+    budget = "Budget: 20 agreement points" if not answers else "Budget: 2 score points"
+    assert budget in out and unit in out.split("Held-out check")[1]
+    study = tmp_path / "runs" / "s"
+    cache = json.loads(next((study / "cache").glob("baseline-*.json")).read_text())["entries"]
+    scores = {v["score"] for v in cache.values()}
+    if not answers:
+        assert scores == {1.0}  # each unpruned answer agrees with itself
+    else:
+        assert scores == {0.0}  # a random-init model never says "red"
+    heldout = json.loads((study / "heldout.json").read_text())
+    assert heldout["rows"] and all(r["n_test"] == 10 and r["test_loss_unit"] == unit for r in heldout["rows"])
+    assert heldout["budget_kind"] == kind
+    if not answers:  # a pruned answer that differs from the unpruned one loses agreement points
+        assert any(r["test_loss"] > 0 for r in heldout["rows"]), heldout["rows"]
+    for path in (study / "pareto").glob("trial-*.json"):
+        meta = json.loads(path.read_text())["metadata"]
+        assert meta["budget"]["kind"] == kind and meta["settings"]["budget_kind"] == kind
+        assert meta["settings"]["task_fingerprint"] == f"{prompts.fingerprint}/cut"
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{study / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (run,) = [r for r in client.search_runs(experiments) if r.data.tags.get("lazyllm.budget_kind")]
+    assert run.data.tags["lazyllm.budget_kind"] == kind
+    assert run.data.params["prompts_file"] == "mine.jsonl" and run.data.params["prompts_rows"] == "50"
+    assert run.data.params["prompts_fingerprint"] == prompts.fingerprint
+    assert not any("harbour" in v for v in run.data.params.values())  # never the content
