@@ -55,6 +55,7 @@ class Grid:
     datasets: tuple[str, ...]  # per example
     gold: np.ndarray  # [S, N]
     agreement: np.ndarray  # [S, N]
+    kl: np.ndarray  # [S, N] mean teacher-forced KL per answer token, nats
 
 
 def read_grid(name: str, paths: Sequence[Path]) -> Grid:
@@ -69,6 +70,7 @@ def read_grid(name: str, paths: Sequence[Path]) -> Grid:
     schedules = tuple(s for s in by if len(by[s]) == len(examples))
     gold = np.empty((len(schedules), len(examples)))
     agree = np.empty_like(gold)
+    kl = np.empty_like(gold)
     for s, schedule in enumerate(schedules):
         for i, key in enumerate(examples):
             row = by[schedule][key]
@@ -78,8 +80,26 @@ def read_grid(name: str, paths: Sequence[Path]) -> Grid:
             agree[s, i] = 100.0 * (
                 1.0 - agreement_score(METRIC, row["prediction"], row["baseline_prediction"])
             )
+            kl[s, i] = row["kl_nats_per_token"] or 0.0
     datasets = tuple(by[schedules[0]][key]["dataset"] for key in examples)
-    return Grid(name, schedules, datasets, gold, agree)
+    return Grid(name, schedules, datasets, gold, agree, kl)
+
+
+def shape_rows(grid: Grid) -> list[dict[str, Any]]:
+    """How well ``loss = slope x KL^p`` (through the origin, over the schedules' macro means, control
+    left out) fits each loss at p = 1 and 0.5: the calibration's two shapes."""
+    w = np.asarray(macro_weights(grid.datasets))
+    keep = [s for s, n in enumerate(grid.schedules) if n != CONTROL]
+    kl = grid.kl[keep] @ w / w.sum()
+    out = []
+    for loss, values in (("gold", grid.gold), ("agreement", grid.agreement)):
+        y = values[keep] @ w / w.sum()
+        for p in (1.0, 0.5):
+            x = kl**p
+            slope = float(x @ y / (x @ x))
+            r2 = 1.0 - float(np.sum((y - slope * x) ** 2) / np.sum((y - y.mean()) ** 2))
+            out.append({"grid": grid.name, "loss": loss, "exponent": p, "slope": slope, "r2": r2})
+    return out
 
 
 def _line(gold: np.ndarray, agree: np.ndarray) -> tuple[float, float]:
@@ -151,7 +171,9 @@ def schedule_rows(grid: Grid) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(rows: Sequence[dict[str, Any]], maps: Sequence[Mapping]) -> str:
+def markdown(
+    rows: Sequence[dict[str, Any]], maps: Sequence[Mapping], shapes: Sequence[dict[str, Any]]
+) -> str:
     lines = [
         "| grid | schedule | n | gold loss [90%] | agreement loss [90%] |",
         "|---|---|---:|---:|---:|",
@@ -173,6 +195,13 @@ def markdown(rows: Sequence[dict[str, Any]], maps: Sequence[Mapping]) -> str:
             f"| {m.name} | {m.n_examples} | {m.n_schedules} | {m.intercept:.1f} + {m.slope:.2f} x gold "
             f"| {m.agreement_budget:.1f} [{m.low:.1f}, {m.high:.1f}] |"
         )
+    lines += [
+        "",
+        "| grid | loss | p | slope (points per nat^p) | R^2 over schedules |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in shapes:
+        lines.append(f"| {r['grid']} | {r['loss']} | {r['exponent']:g} | {r['slope']:.1f} | {r['r2']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -207,7 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mappings": [asdict(m) for m in maps],
     }
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-    text = markdown(rows, maps)
+    shapes = [r for g in grids for r in shape_rows(g)]
+    data["shapes"] = shapes
+    text = markdown(rows, maps, shapes)
     args.out.with_suffix(".md").write_text(text)
     print(text)
     return 0

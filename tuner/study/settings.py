@@ -462,7 +462,7 @@ class SearchSettings(EvalSettings):
     def prior(self) -> SlopePrior | None:
         """The slope prior ``slope_prior`` names, read once (None: ``none``, or ``auto`` with no
         packaged prior for this model, or for an agreement budget: the packaged priors are in gold
-        points, and an agreement calibration's slope is ten times theirs, docs/statistics.md)."""
+        points, and an agreement calibration's slope is about eight times theirs, docs/statistics.md)."""
         if self.slope_prior == "auto" and self.budget_kind == "agreement":
             return None
         return resolve_prior(
