@@ -221,3 +221,66 @@ def test_a_study_on_a_prompts_file_says_which_budget_and_scores_by_it(
     assert run.data.params["prompts_file"] == "mine.jsonl" and run.data.params["prompts_rows"] == "50"
     assert run.data.params["prompts_fingerprint"] == prompts.fingerprint
     assert not any("harbour" in v for v in run.data.params.values())  # never the content
+
+
+def test_long_prompts_are_cut_in_the_middle_or_refused_naming_the_row(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from tuner.evaluation.runner import build_examples
+    from tuner.study.settings import EvalSettings
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    long = " ".join(f"word{i}" for i in range(400))
+    rows = [{"id": f"s{i}", "prompt": f"short {i}?"} for i in range(30)] + [{"id": "long", "prompt": long}]
+    rows += [
+        {
+            "id": "chat",
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
+        }
+    ]
+    task = tmp_path / "mixed.jsonl"
+    task.write_text(_jsonl(rows))
+    prompts = load_prompts_file(task)
+    split = {r.id: s for s in ("validation", "test") for r in prompts.split(s)}  # type: ignore[arg-type]
+    cut = EvalSettings(task=str(task), max_prompt_tokens=64, split=split["long"])
+    examples = {ex.record_id: ex for ex in build_examples(cut, tokenizer)}
+    kept = tokenizer.decode(examples["long"].input_ids)
+    assert len(examples["long"].input_ids) <= 64 and "word0 " in kept and "word399" in kept  # cut in the
+    assert "word200" not in kept  # middle to the budget (LongBench's encoding, with the chat template)
+    assert examples["long"].by_agreement and examples["long"].max_new_tokens == 32
+    refuse = EvalSettings(task=str(task), max_prompt_tokens=64, split=split["long"], long_prompts="refuse")
+    with pytest.raises(
+        ValueError, match=r"mixed.jsonl: row 31 \(id 'long'\) is longer than --max-prompt-tokens 64"
+    ):
+        build_examples(refuse, tokenizer)
+    chat = EvalSettings(task=str(task), max_prompt_tokens=64, split=split["chat"])
+    ids = {ex.record_id: ex for ex in build_examples(chat, tokenizer)}["chat"].input_ids
+    want = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
+        add_generation_prompt=True,
+        return_dict=True,
+    )["input_ids"]
+    assert list(ids) == list(want)  # the messages through the model's chat template, as given
+
+
+def test_a_rows_metric_scores_it_and_gold_rows_ignore_the_unpruned_answer() -> None:
+    from tuner.data.metrics import rouge_score
+    from tuner.evaluation.runner import Example, score_prediction
+
+    def example(answers: tuple[str, ...], metric: str) -> Example:
+        return Example(FILE_DATASET, "r", (1, 2), answers, None, 8, (), metric)
+
+    text = "the cat sat on the mat today"
+    assert score_prediction(example(("a cat sat on a mat",), "rouge"), text) == rouge_score(
+        text, "a cat sat on a mat"
+    )
+    assert score_prediction(example(("a cat sat on a mat",), "rouge"), text, "zzz") == rouge_score(
+        text, "a cat sat on a mat"
+    )
+    assert score_prediction(example((), "rouge"), text, "a cat sat on a mat") == rouge_score(
+        text, "a cat sat on a mat"
+    )
+    with pytest.raises(ValueError, match="needs the unpruned model's answer"):
+        score_prediction(example((), "qa_f1"), text)
