@@ -54,4 +54,6 @@ def summary_lines(outcome: StudyOutcome) -> list[str]:
     power = outcome.power_line()
     if power is not None:
         out += ["", power]
+    if points != "score points":  # the stages' own sentences (reasons, verdicts) in the study's points
+        out = [line.replace("score points", points) for line in out]
     return out

@@ -196,6 +196,7 @@ def test_a_study_on_a_prompts_file_says_which_budget_and_scores_by_it(
     kind, unit = ("agreement", "agreement points") if not answers else ("gold", "score points")
     budget = "Budget: 20 agreement points" if not answers else "Budget: 2 score points"
     assert budget in out and unit in out.split("Held-out check")[1]
+    assert answers or "score points" not in out  # every task loss of an agreement study in its points
     study = tmp_path / "runs" / "s"
     cache = json.loads(next((study / "cache").glob("baseline-*.json")).read_text())["entries"]
     scores = {v["score"] for v in cache.values()}
