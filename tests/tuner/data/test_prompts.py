@@ -285,3 +285,28 @@ def test_a_rows_metric_scores_it_and_gold_rows_ignore_the_unpruned_answer() -> N
     )
     with pytest.raises(ValueError, match="needs the unpruned model's answer"):
         score_prediction(example((), "qa_f1"), text)
+
+
+def test_the_power_line_says_what_the_prompts_certify_and_how_many_would_certify_the_budget() -> None:
+    import dataclasses
+    import math
+
+    from tests.support import decision_outcome
+
+    outcome = decision_outcome(0.4, 8.0, 10.0, 0.5, at_90=25.0)  # KL 0.1: predicted 0.8, bound 2.5 at 90%
+    need = math.ceil(13 * ((2.5 - 0.8) / (2.0 - 0.8)) ** 2)
+    assert outcome.power_line() == (
+        "Power: your 13 validation examples certify a budget of 2.50 score points for the recommendation "
+        f"(90% bound); about {need} would certify 2"
+    )
+    assert outcome.confirmation.calibration.examples_to_certify(0.1, 2.0, at_confidence=True) == need
+    certified = decision_outcome(0.4, 8.0, 10.0, 0.5, at_90=15.0)
+    assert certified.power_line() == (
+        "Power: your 13 validation examples certify a budget of 1.50 score points for the recommendation "
+        "(90% bound), within the 2 asked"
+    )
+    identity = dataclasses.replace(outcome.identity, budget_kind="agreement", task_fingerprint="abc/cut")
+    agreement = dataclasses.replace(outcome, identity=identity)
+    line = agreement.power_line()
+    assert line is not None and "your 13 validation prompts certify a budget of 2.50 agreement points" in line
+    assert agreement.budget_line().startswith("Budget: 2 agreement points (no gold answers")
