@@ -265,7 +265,8 @@ class SearchSettings(EvalSettings):
         default=2.0,
         metadata=_help(
             "loss budget in score points (confirmation, recommended.json) (default: 2.0; for a prompts "
-            f"file without answers, {AGREEMENT_BUDGET:g} agreement points, docs/statistics.md)"
+            f"file without answers, {AGREEMENT_BUDGET:g} agreement points, with --calibration-exponent "
+            f"{AGREEMENT_EXPONENT:g} and --max-kl of 2 gold points by default, docs/statistics.md)"
         ),
     )
     # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (README)
