@@ -310,3 +310,24 @@ def test_the_power_line_says_what_the_prompts_certify_and_how_many_would_certify
     line = agreement.power_line()
     assert line is not None and "your 13 validation prompts certify a budget of 2.50 agreement points" in line
     assert agreement.budget_line().startswith("Budget: 2 agreement points (no gold answers")
+
+
+def test_a_keep_all_recommendation_gets_the_power_line_of_the_next_faster_schedule() -> None:
+    import dataclasses
+    import math
+
+    from tests.support import decision_outcome
+    from tuner.stages.confirm import CandidateResult
+
+    outcome = decision_outcome(0.4, 15.0, 25.0, 0.5)  # trial 1 at KL 0.1: predicted 1.5, bound 2.5 at 60%
+    assert outcome.confirmation is not None
+    keep_all = CandidateResult(0, (0.0, 0.0, 0.0, 0.0), 1.0, 0.0, "confirmed", None, "the unpruned answers")
+    refused = dataclasses.replace(outcome.confirmation.candidates[0], status="scored")
+    confirmation = dataclasses.replace(outcome.confirmation, candidates=(refused, keep_all))
+    outcome = dataclasses.replace(outcome, confirmation=confirmation)
+    assert outcome.recommended is not None and outcome.recommended.number == 0
+    need = math.ceil(13 * ((2.5 - 1.5) / (2.0 - 1.5)) ** 2)
+    assert outcome.power_line() == (
+        "Power: your 13 validation examples bound the next faster schedule (trial 1, 1.40x) at 2.50 score "
+        f"points (60%), over the 2 asked; about {need} would certify it within 2"
+    )
