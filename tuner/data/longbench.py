@@ -38,8 +38,14 @@ CATEGORIES: tuple[str, ...] = (
 )
 LANGUAGES: tuple[str, ...] = ("en", "zh")
 LANGUAGE_FILTERS: tuple[str, ...] = ("en", "zh", "all")
-SOURCES: tuple[str, ...] = ("longbench", "openqa")
-"""Where a dataset's records come from: LongBench's files, or built from open QA releases."""
+SOURCES: tuple[str, ...] = ("longbench", "openqa", "file")
+"""Where a dataset's records come from: LongBench's files, built from open QA releases, or the user's
+own prompts file (:mod:`tuner.data.prompts`)."""
+FILE_DATASET = "prompts"
+"""The dataset name of every row of a prompts file (one dataset: one stratum of the macro average)."""
+FILE_CATEGORY = "prompts-file"
+PROMPTS_SUFFIXES: dict[str, str] = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+"""A prompts file's suffix -> the ``datasets`` builder that reads it."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class DatasetSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"name = {self.name!r}: must be a non-empty dataset name")
-        if self.category not in CATEGORIES:
+        if self.category not in CATEGORIES and (self.category, self.source) != (FILE_CATEGORY, "file"):
             raise ValueError(
                 f"{self.name}: category = {self.category!r}: must be one of {', '.join(CATEGORIES)}"
             )
@@ -142,6 +148,19 @@ Their answers are one short span, so generation stops at the first newline."""
 ALL_DATASETS: dict[str, DatasetSpec] = {**DATASETS, **OPENQA_DATASETS}
 """Every dataset a task can name: LongBench's, then the open-QA ones."""
 
+FILE_SPEC = DatasetSpec(FILE_DATASET, FILE_CATEGORY, "en", "qa_f1", source="file")
+"""The dataset of a prompts file's rows: the chat template where the model has one, no stop rule of
+its own; each row carries its metric (:class:`tuner.data.prompts.PromptRow`)."""
+
+
+def is_prompts_path(task: str) -> bool:
+    """Whether ``--task`` names a prompts file: an existing file, or a name ending in one of
+    :data:`PROMPTS_SUFFIXES` (a missing one is then refused as a missing file, not an unknown task)."""
+    if not isinstance(task, str) or not task.strip() or task in TASKS or task in ALL_DATASETS:
+        return False
+    return task.lower().endswith(tuple(PROMPTS_SUFFIXES)) or Path(task).expanduser().is_file()
+
+
 TASKS: dict[str, tuple[str, ...]] = {
     **{category: tuple(n for n, s in DATASETS.items() if s.category == category) for category in CATEGORIES},
     "qa": tuple(n for n, s in DATASETS.items() if s.category in ("single-doc-qa", "multi-doc-qa")),
@@ -153,6 +172,8 @@ multi-doc-qa, and ``openqa`` = the datasets built from HotpotQA and SQuAD."""
 
 def dataset_spec(name: str) -> DatasetSpec:
     """The spec of any dataset a task can name (LongBench's or open-QA); unknown names list the valid ones."""
+    if name == FILE_DATASET:
+        return FILE_SPEC
     try:
         return ALL_DATASETS[name]
     except KeyError:
@@ -161,13 +182,18 @@ def dataset_spec(name: str) -> DatasetSpec:
 
 def task_help() -> str:
     """The task names for ``--help``: task names, then every dataset name."""
-    return f"a task ({', '.join(TASKS)}), a dataset ({', '.join(ALL_DATASETS)}) or a comma list"
+    return (
+        f"a task ({', '.join(TASKS)}), a dataset ({', '.join(ALL_DATASETS)}) or a comma list; or the path of "
+        f"your own prompts file ({', '.join(PROMPTS_SUFFIXES)}; answers optional, docs/data.md)"
+    )
 
 
 def resolve_task(task: str, language: str = "en") -> list[DatasetSpec]:
     """The datasets a task string names, deduplicated, in the order named.
 
-    ``task`` is a :data:`TASKS` name, an :data:`ALL_DATASETS` name, or a comma list of these. ``language``
+    ``task`` is a :data:`TASKS` name, an :data:`ALL_DATASETS` name, or a comma list of these; or the
+    path of a prompts file (:func:`is_prompts_path`), whose rows are the one dataset :data:`FILE_SPEC`
+    (a file is a task on its own, never part of a comma list). ``language``
     (``"en"``, ``"zh"`` or ``"all"``) filters the datasets of task names; a dataset named explicitly is
     kept whatever its language.
 
@@ -178,6 +204,8 @@ def resolve_task(task: str, language: str = "en") -> list[DatasetSpec]:
         raise ValueError(f"language = {language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
     if not isinstance(task, str) or not task.strip():
         raise ValueError(f"task = {task!r}: name a task ({', '.join(TASKS)}) or a dataset")
+    if is_prompts_path(task):  # the file is read and checked by tuner.data.prompts.load_prompts_file
+        return [FILE_SPEC]
     names: list[str] = []
     for part in (p.strip() for p in task.split(",")):
         if not part:
@@ -186,6 +214,8 @@ def resolve_task(task: str, language: str = "en") -> list[DatasetSpec]:
             names += [n for n in TASKS[part] if language == "all" or ALL_DATASETS[n].language == language]
         elif part in ALL_DATASETS:
             names.append(part)
+        elif is_prompts_path(part):
+            raise ValueError(f"task {task!r}: a prompts file is a task on its own; drop the other names")
         else:
             raise ValueError(
                 f"Unknown task {part!r}. Available: {', '.join(TASKS)}, or a dataset: {', '.join(ALL_DATASETS)}"

@@ -286,6 +286,23 @@ def score_example(
     return best
 
 
+def agreement_score(metric: str, prediction: str, reference: str) -> float:
+    """The score of ``prediction`` against ``reference``, the unpruned model's own answer (a prompts
+    file without gold answers): the metric with ``reference`` as the one ground truth, and 1 where
+    the two are the same text (an answer agrees fully with itself, even one the metric scores 0 such
+    as an empty answer under ``qa_f1``). So the unpruned model scores 1 on every prompt, and a
+    schedule's loss is 100 x (1 - mean agreement): agreement points.
+
+    >>> agreement_score("qa_f1", "Paris, France", "Paris")
+    0.6666666666666666
+    >>> agreement_score("qa_f1", "", "")
+    1.0
+    """
+    if prediction.strip() == reference.strip():
+        return 1.0
+    return get_metric(metric)(prediction, reference, None)
+
+
 def task_score(scores: Sequence[float]) -> float:
     """LongBench task score: ``round(100 * mean(scores), 2)``.
 

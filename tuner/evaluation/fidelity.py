@@ -502,7 +502,7 @@ class FidelityEvaluator:
                 for ex in chunk:
                     for (number, engine), answer in zip(engines.items(), answers):
                         results, drifts = out[number]
-                        results.append(result_of("lazyllm", ex, answer))
+                        results.append(result_of("lazyllm", ex, answer, ev.unpruned(ex)))
                         if kl:
                             drift = self.drift_from(
                                 engine, ex, refs[ex.key], prefixes[ex.key], answer.forced_logits

@@ -45,6 +45,8 @@ from lazyllm.batch import DEFAULT_BATCH_SIZE, BatchRequest, decodes_frozen, gene
 from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
 from lazyllm.methods import Generator, make_method
 from tuner.data.longbench import (
+    FILE_DATASET,
+    GENERIC_MAX_NEW_TOKENS,
     DatasetSpec,
     PromptConfig,
     Record,
@@ -52,14 +54,18 @@ from tuner.data.longbench import (
     build_prompt,
     dataset_spec,
     encode_prompt,
+    is_prompts_path,
     longbench_specs,
     max_new_tokens,
     resolve_task,
     split_records,
+    truncate_middle,
+    uncut_length,
 )
-from tuner.data.metrics import score_example, task_score
+from tuner.data.metrics import agreement_score, score_example, task_score
 from tuner.data.openqa import PROMPTS as OPENQA_PROMPTS
 from tuner.data.openqa import RecordBuilder, build_split, openqa_specs, resolve_openqa_source
+from tuner.data.prompts import PromptRow
 from tuner.data.sources import resolve_source
 from tuner.evaluation.integrity import announce_rebuild, as_json_value, json_digest
 from tuner.evaluation.speed import (
@@ -88,10 +94,16 @@ class Example:
     all_classes: tuple[str, ...] | None
     max_new_tokens: int
     stop_strings: tuple[str, ...]
+    metric: str | None = None  # a prompts file's row metric (None: the dataset's)
 
     @property
     def key(self) -> str:
         return f"{self.dataset}/{self.record_id}"
+
+    @property
+    def by_agreement(self) -> bool:
+        """No gold answers (a prompts file without them): scored against the unpruned model's answer."""
+        return not self.answers
 
 
 def _task_records(
@@ -135,10 +147,75 @@ def _task_records(
             yield spec, chosen, prompts
 
 
+def _row_ids(config: EvalSettings, tokenizer: Any, row: PromptRow, has_chat: bool, where: str) -> list[int]:
+    """A prompts file's row as model input: a string prompt as one user turn (LongBench's encoding:
+    cut in the middle, then the chat template where the model has one), chat messages through the
+    chat template (without one: their contents, a blank line apart); a prompt over
+    ``max_prompt_tokens`` cut in the middle, or refused with its row (``--long-prompts refuse``)."""
+    limit = config.max_prompt_tokens
+    if row.text is not None:
+        if config.long_prompts == "refuse" and uncut_length(tokenizer, row.text, has_chat, limit) is None:
+            raise ValueError(_too_long(where, row, limit))
+        return encode_prompt(tokenizer, row.text, has_chat, limit)
+    if has_chat:
+        messages = [{"role": role, "content": content} for role, content in row.messages]
+        ids = list(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        )
+    else:
+        ids = tokenizer("\n\n".join(c for _, c in row.messages), add_special_tokens=False)["input_ids"]
+    if config.long_prompts == "refuse" and len(ids) > limit:
+        raise ValueError(_too_long(where, row, limit))
+    return truncate_middle(ids, limit)
+
+
+def _too_long(where: str, row: PromptRow, limit: int) -> str:
+    return (
+        f"{where}: row {row.row} (id {row.id!r}) is longer than --max-prompt-tokens {limit}; raise it, shorten "
+        "the prompt, or pass --long-prompts cut to cut it in the middle"
+    )
+
+
+def file_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
+    """The examples of a prompts file's split (:mod:`tuner.data.prompts`): ``n_examples`` first rows
+    of the hashed split, each with its metric, answer length (capped by ``max_new_tokens``) and stops."""
+    prompts = config.prompts_file  # the content the settings were made with
+    assert prompts is not None, "file_examples needs a prompts file task"
+    split: Split = config.split  # type: ignore[assignment]  # checked by EvalSettings
+    rows = prompts.split(split, config.split_seed)
+    if config.n_examples is not None:
+        rows = rows[: config.n_examples]
+    has_chat = bool(getattr(tokenizer, "chat_template", None))
+    examples = []
+    for row in rows:
+        limit = row.max_new_tokens or GENERIC_MAX_NEW_TOKENS
+        if config.max_new_tokens is not None:
+            limit = min(limit, config.max_new_tokens)
+        examples.append(
+            Example(
+                dataset=FILE_DATASET,
+                record_id=row.id,
+                input_ids=tuple(_row_ids(config, tokenizer, row, has_chat, prompts.name)),
+                answers=row.answers,
+                all_classes=None,
+                max_new_tokens=limit,
+                stop_strings=row.stop,
+                metric=row.metric,
+            )
+        )
+    return examples
+
+
 def build_examples(config: EvalSettings, tokenizer: Any, *, progress: bool = False) -> list[Example]:
     """Load (or build), split and encode the examples of ``config.task`` (datasets in task order);
     LongBench's prompts longer than ``max_prompt_tokens`` are cut in the middle, open-QA ones are
-    built to fit (:func:`tuner.data.longbench.encode_prompt`), with a progress bar if ``progress``."""
+    built to fit (:func:`tuner.data.longbench.encode_prompt`), with a progress bar if ``progress``;
+    a prompts file's rows as :func:`file_examples` encodes them."""
+    if is_prompts_path(config.task):
+        rows = file_examples(config, tokenizer)
+        if not rows:
+            raise ValueError(f"prompts file {config.task}: no {config.split} rows")
+        return rows
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     examples: list[Example] = []
     for spec, records, prompts in _task_records(config, tokenizer, has_chat, progress):
@@ -169,6 +246,8 @@ def build_examples(config: EvalSettings, tokenizer: Any, *, progress: bool = Fal
 
 
 def _describe(config: EvalSettings) -> str:
+    if is_prompts_path(config.task):
+        return config.task
     specs = resolve_task(config.task, config.language)
     where = []
     if any(s.source == "longbench" for s in specs):
@@ -179,7 +258,11 @@ def _describe(config: EvalSettings) -> str:
 
 
 def data_fingerprint(config: EvalSettings) -> str:
-    """Digest of the data a task reads (contents, not size + mtime, which would miss an edited copy)."""
+    """Digest of the data a task reads (contents, not size + mtime, which would miss an edited copy);
+    a prompts file's with its long-prompt rule (it decides the examples' ids)."""
+    if is_prompts_path(config.task):
+        assert config.prompts_file is not None
+        return f"prompts-{config.prompts_file.fingerprint}-{config.long_prompts}"
     names = [spec.name for spec in longbench_specs(config.task, config.language)]
     parts = [resolve_source(config.data_dir).fingerprint(names)] if names else []
     built = openqa_specs(config.task, config.language)
@@ -411,11 +494,18 @@ class BaselineCache:
         write_atomic(self.path, json.dumps(data, indent=1))
 
 
-def score_prediction(example: Example, prediction: str) -> float:
-    """``prediction`` scored by the example's LongBench metric (0-1)."""
+def score_prediction(example: Example, prediction: str, unpruned: str | None = None) -> float:
+    """``prediction`` scored by the example's metric (0-1): against its gold answers, or, for an
+    example without any (:attr:`Example.by_agreement`), against ``unpruned``, the unpruned model's
+    own answer (:func:`tuner.data.metrics.agreement_score`)."""
     spec = dataset_spec(example.dataset)
+    metric = example.metric or spec.metric
+    if example.by_agreement:
+        if unpruned is None:
+            raise ValueError(f"{example.key} has no answers: its score needs the unpruned model's answer")
+        return agreement_score(metric, prediction, unpruned)
     classes = list(example.all_classes) if example.all_classes else None
-    return score_example(spec.metric, prediction, list(example.answers), classes, spec.first_line)
+    return score_example(metric, prediction, list(example.answers), classes, spec.first_line)
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
@@ -492,15 +582,18 @@ def run_examples(
     return [r for r in out if r is not None]
 
 
-def result_of(method: str, example: Example, result: GenerationResult) -> ExampleResult:
-    """One example's scored row from ``method``'s generation."""
+def result_of(
+    method: str, example: Example, result: GenerationResult, unpruned: str | None = None
+) -> ExampleResult:
+    """One example's scored row from ``method``'s generation (``unpruned``: the unpruned model's
+    answer, the reference of an example scored by agreement; see :meth:`Evaluator.unpruned`)."""
     prediction = result.text or ""
     return ExampleResult(
         dataset=example.dataset,
         record_id=example.record_id,
         method=method,
         prediction=prediction,
-        score=score_prediction(example, prediction),
+        score=score_prediction(example, prediction, unpruned),
         ttft_s=result.ttft_s,
         total_s=result.total_s,
         prompt_tokens=result.prompt_tokens,
@@ -540,7 +633,7 @@ class Evaluator:
             **{
                 k: v
                 for k, v in asdict(config.eval_only()).items()
-                if k not in ("data_dir", "openqa_dir", "trust_remote_code")
+                if k not in ("data_dir", "openqa_dir", "trust_remote_code", "long_prompts")  # in "data"
             },
             "data": data_fingerprint(config),
             "lazyllm": lazyllm.__version__,
@@ -588,11 +681,15 @@ class Evaluator:
         prediction = result.text or ""
         self.cache.entries[example.key] = BaselineEntry(
             prediction=prediction,
-            score=score_prediction(example, prediction),
+            score=score_prediction(example, prediction, unpruned=prediction),  # agreement: itself, 1
             ttft_s=result.ttft_s,
             total_s=result.total_s,
             token_ids=tuple(int(t) for t in result.token_ids),  # teacher-forced by the fidelity
         )
+
+    def unpruned(self, example: Example) -> str | None:
+        """The reference of an example scored by agreement (its cached unpruned answer), else None."""
+        return self.cache.entries[example.key].prediction if example.by_agreement else None
 
     def timing_example(self, examples: Sequence[Example] | None = None) -> Example:
         """The example of ``examples`` (default: all) whose prompt length is nearest their median
@@ -655,7 +752,7 @@ class Evaluator:
         with tqdm(total=total, desc=desc or method, disable=not self.progress, leave=False) as bar:
             for chunk in chunks(self.examples, size):
                 for ex, result in zip(chunk, run_examples([(generator, ex, None) for ex in chunk])):
-                    results.append(result_of(method, ex, result))
+                    results.append(result_of(method, ex, result, self.unpruned(ex)))
                     bar.update(1)
                     if should_stop is not None:
                         reason = should_stop(results)

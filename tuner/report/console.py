@@ -12,9 +12,13 @@ _TIMED = {"measured": "TTFT", "total": "generation", "flops": "FLOP"}
 def summary_lines(outcome: StudyOutcome) -> list[str]:
     loss = outcome.search_loss
     kind = outcome.identity.speedup
-    out = [f"Pareto front ({len(outcome.front)} trials; speedup = {kind}; loss = {loss.what}, {loss.unit}):"]
+    points = outcome.points
+    out = [outcome.budget_line(), *outcome.notes, ""]
     if outcome.budget.cap is not None:
-        out.insert(0, f"Search cap: {outcome.budget.cap.text()}")
+        out.append(f"Search cap: {outcome.budget.cap.text()}")
+    out.append(
+        f"Pareto front ({len(outcome.front)} trials; speedup = {kind}; loss = {loss.what}, {loss.unit}):"
+    )
     for r in outcome.front:
         out.append(
             f"  trial {r.number:>3}: speedup {r.values[0]:.2f}x, loss {loss.text(r.values[1])} "
@@ -25,7 +29,7 @@ def summary_lines(outcome: StudyOutcome) -> list[str]:
         out.append("")
         out.append(
             f"Confirmation (task score on all {outcome.confirmation.n_examples} validation examples, "
-            f"budget {outcome.confirmation.budget:g} score points):"
+            f"budget {outcome.confirmation.budget:g} {points}):"
         )
         out += [f"  trial {c.trial:>3}: {c.status}: {c.reason}" for c in outcome.confirmation.candidates]
     if outcome.heldout is not None:
@@ -38,15 +42,20 @@ def summary_lines(outcome: StudyOutcome) -> list[str]:
             task = (
                 ""
                 if row.validation_task_loss is None
-                else f", task loss {row.validation_task_loss.text()} score points"
+                else f", task loss {row.validation_task_loss.text()} {points}"
             )
             out.append(
                 f"  {row.label}: validation {row.validation_speedup:.2f}x / {loss.what} {val}{task} "
                 f"(n={row.n_validation}); test {row.test_speedup:.2f}x {_TIMED[row.test_speed_kind]} "
                 f"(FLOP {row.test_flop_speedup:.2f}x) / task loss {row.test_loss.text()} "
-                f"score points (score {row.test_score:.2f} vs {row.test_baseline_score:.2f})"
+                f"{points} (score {row.test_score:.2f} vs {row.test_baseline_score:.2f})"
             )
         out += [f"  {verdict(c)}" for c in outcome.heldout.comparisons]
     if outcome.decision:
         out += ["", outcome.decision]
+    power = outcome.power_line()
+    if power is not None:
+        out += ["", power]
+    if points != "score points":  # the stages' own sentences (reasons, verdicts) in the study's points
+        out = [line.replace("score points", points) for line in out]
     return out

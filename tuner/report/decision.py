@@ -231,5 +231,7 @@ def paragraph(d: Decision) -> str:
 
 
 def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
-    """The paragraph of ``outcome`` (:func:`tuner.stages.decision.decide`, then :func:`paragraph`)."""
-    return paragraph(decide(outcome, timing))
+    """The paragraph of ``outcome`` (:func:`tuner.stages.decision.decide`, then :func:`paragraph`), in
+    the study's points (agreement points for a prompts file without answers)."""
+    text = paragraph(decide(outcome, timing))
+    return text if outcome.points == "score points" else text.replace("score points", outcome.points)

@@ -60,6 +60,11 @@ def header(settings: EvaluateSettings, n_examples: int, schedule: Schedule | Non
         f"{n_examples} examples, prompts cut to {settings.max_prompt_tokens} tokens"
         + (f", schedule {settings.schedule}" if settings.schedule else "")
     )
+    if settings.budget_kind == "agreement":  # a prompts file without answers (tuner.data.prompts)
+        text += (
+            "; no gold answers: every score is agreement with the unpruned model's own answer, and every "
+            "loss is in agreement points"
+        )
     rules = [f"{m}: {method_spec(m).rule}" for m in settings.method_list if method_spec(m).rule]
     if schedule is not None and "lazyllm" in settings.method_list:
         rules = [r if not r.startswith("lazyllm:") else f"lazyllm: scoring {schedule.scoring}" for r in rules]

@@ -153,7 +153,10 @@ def _write_outcome(outcome: StudyOutcome, out_dir: Path) -> list[Path]:
     if outcome.confirmation is not None:
         written.append(_json(out_dir / "confirmation.json", outcome.confirmation.to_dict()))
     if outcome.heldout is not None:
-        written.append(_json(out_dir / "heldout.json", heldout_json(outcome.heldout)))
+        heldout = heldout_json(outcome.heldout) | {"budget_kind": outcome.budget_kind}
+        for row in heldout["rows"]:  # gold score points, or agreement points for a file without answers
+            row["test_loss_unit"] = outcome.points
+        written.append(_json(out_dir / "heldout.json", heldout))
     if outcome.complete:
         note = outcome.sample_note()
         schedules, emphasis = keep_curve_schedules(outcome)

@@ -43,6 +43,8 @@ class StudyIdentity:
     search_cap: float | None = None  # a study stored before: max_kl or the constant (losses.search_cap)
     search_cap_source: str = ""
     search_cap_prior: str | None = None
+    task_fingerprint: str | None = None  # a prompts file's content (and long-prompt rule): never mixed
+    budget_kind: str = "gold"  # agreement: a prompts file without answers (tuner.data.prompts)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not isinstance(self.task, str):

@@ -38,6 +38,7 @@ class StudyOutcome:
         confirmation: the confirmation stage's outcome, if it judged the current trials.
         heldout: the held-out check, if it ran.
         decision: what bound the answer, in words (budget, data or time).
+        notes: what else the report must say (a prompts file too small for a held-out check).
     """
 
     study_name: str
@@ -47,6 +48,7 @@ class StudyOutcome:
     confirmation: Confirmation | None = None
     heldout: HeldoutReport | None = None
     decision: str = ""
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def from_study(
@@ -77,6 +79,74 @@ class StudyOutcome:
     def task_budget(self) -> float:
         """The user's budget in task-score points."""
         return self.budget.task.budget
+
+    @property
+    def budget_kind(self) -> str:
+        """``gold`` (score points against gold answers) or ``agreement`` (a prompts file without answers)."""
+        return self.identity.budget_kind
+
+    @property
+    def points(self) -> str:
+        """The unit of every task loss of this study."""
+        return "agreement points" if self.budget_kind == "agreement" else "score points"
+
+    def budget_line(self) -> str:
+        """The budget and what its points measure, in one sentence (report, recommended.json, MLflow)."""
+        if self.budget_kind == "agreement":
+            return (
+                f"Budget: {self.task_budget:g} agreement points (no gold answers: a pruned answer is scored "
+                "against the unpruned model's own greedy answer with the row's metric; 100 = the same answers)"
+            )
+        return f"Budget: {self.task_budget:g} score points (the task metric against the gold answers)"
+
+    def power_line(self) -> str | None:
+        """What the validation prompts certify for the recommendation (the calibration's bound at
+        ``--confidence``, :func:`tuner.stages.decision.certainty`) and how many would certify the
+        budget; None without a calibrated, pruning recommendation."""
+        from tuner.stages.decision import certainty  # decision imports this module
+
+        best, conf = self.recommended, self.confirmation
+        if best is None or conf is None or conf.calibration is None:
+            return None
+        what = "prompts" if self.identity.task_fingerprint is not None else "examples"
+        kl = best.values[1] if conf.fresh is None else conf.fresh.judged(best.number, best.values[1])
+        c = certainty(kl, conf.calibration, self.task_budget)
+        if c is None:  # keep-all: what the prompts say of the next faster schedule
+            return self._next_power(what)
+        if c.no_cost:
+            return (
+                f"Power: the calibration saw no cost of KL on your {c.n_examples} validation {what} (its "
+                f"{c.confidence:.0%} slope bound is {c.slope_upper:.3g}); more {what} would measure one"
+            )
+        text = (
+            f"Power: your {c.n_examples} validation {what} certify a budget of {c.upper:.2f} {self.points} "
+            f"for the recommendation ({c.confidence:.0%} bound)"
+        )
+        if c.certified:
+            return text + f", within the {self.task_budget:g} asked"
+        if c.examples_needed is not None:
+            return text + f"; about {c.examples_needed} would certify {self.task_budget:g}"
+        return text + f"; no number of {what} certifies {self.task_budget:g} at its predicted loss"
+
+    def _next_power(self, what: str) -> str | None:
+        """The power line of a study that recommends keep-all: the next faster schedule's bound and
+        how many prompts would certify it (:func:`tuner.stages.decision.decide`)."""
+        from tuner.stages.decision import TrialTiming, decide
+
+        d = decide(self, TrialTiming(0, 0, None, None))  # the timing is not read here
+        nxt, p, cal = d.next_faster, d.prediction, d.calibration
+        if nxt is None or p is None or cal is None or p.no_cost:
+            return None
+        text = (
+            f"Power: your {cal.n_examples} validation {what} bound the next faster schedule (trial {nxt.trial}, "
+            f"{nxt.speedup:.2f}x) at {p.upper:.2f} {self.points} ({p.level:.0%})"
+        )
+        if p.upper <= self.task_budget:
+            return text + f", within the {self.task_budget:g} asked ({d.decided})"
+        text += f", over the {self.task_budget:g} asked"
+        if d.examples_needed is not None:
+            return text + f"; about {d.examples_needed} would certify it within {self.task_budget:g}"
+        return text + f"; its estimate, {p.estimate:.2f}, is over it: no number of {what} would certify it"
 
     @property
     def complete(self) -> list[TrialRecord]:
@@ -168,4 +238,11 @@ class StudyOutcome:
                     }
             if self.decision:
                 meta["decision"] = self.decision
+        meta["budget"] = {"kind": self.budget_kind, "points": self.task_budget, "unit": self.points}
+        meta["budget"]["text"] = self.budget_line()
+        power = self.power_line() if best is not None and record.number == best.number else None
+        if power is not None:
+            meta["budget"]["power"] = power
+        if self.notes:
+            meta["notes"] = list(self.notes)
         return Schedule.from_dict(record.schedule.to_dict() | {"metadata": meta})

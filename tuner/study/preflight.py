@@ -37,6 +37,7 @@ def check_tracking(uri: str) -> None:
 def check_search(settings: SearchSettings) -> None:
     """``tuner.search``: search space, data, storage, tracking store and registered-model name."""
     from tuner.data.openqa import check_task
+    from tuner.data.prompts import check_splits
     from tuner.data.sources import resolve_source
     from tuner.study.spaces import load_space
     from tuner.study.stores import check_storage, check_tracking_store, sqlite_path
@@ -44,6 +45,9 @@ def check_search(settings: SearchSettings) -> None:
     from tuner.tracking.runs import default_tracking_uri, wanted
 
     load_space(settings.search_space)  # an unknown or malformed space fails here
+    prompts = settings.prompts_file  # a prompts file: read and every row checked, before any state
+    if prompts is not None:
+        check_splits(prompts, settings.split_seed, settings.heldout)  # enough for a held-out check
     # the model's context, when its config is on disk (else tuner.evaluation.runner.Evaluator checks the loaded one)
     check_context(settings.max_prompt_tokens, settings.max_new_tokens, _local_context(settings.model))
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable

@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tqdm.auto import tqdm
 
 from lazyllm.models import load_model
+from tuner.data.prompts import heldout_note
 from tuner.evaluation.runner import Evaluator
 from tuner.redact import redact_url
 from tuner.report.console import summary_lines
@@ -244,6 +245,10 @@ def conclude(session: Session) -> StudyOutcome:
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
     timing = TrialTiming.of(study, settings.n_trials, settings.trials_timeout)
     outcome = dataclasses.replace(outcome, decision=explain(outcome, timing))
+    prompts = settings.prompts_file
+    note = "" if prompts is None or settings.heldout else heldout_note(prompts, settings.split_seed)
+    if note:  # --no-heldout on a file too small for a check: the report says why there is none
+        outcome = dataclasses.replace(outcome, notes=(*outcome.notes, note))
     if settings.heldout:
         best = outcome.recommended
         task = None

@@ -36,7 +36,15 @@ import yaml
 from lazyllm.methods import check_method, needs_schedule, parse_method_options
 from lazyllm.models import DEFAULT_MODEL, DTYPES, parse_dtype
 from lazyllm.schedule import Revival
-from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, resolve_task, task_help
+from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, is_prompts_path, resolve_task, task_help
+from tuner.data.prompts import (
+    AGREEMENT_BUDGET,
+    AGREEMENT_EXPONENT,
+    GOLD_PER_AGREEMENT_POINT,
+    LONG_PROMPTS,
+    PromptsFile,
+    load_prompts_file,
+)
 from tuner.evaluation.speed import CLOCKS
 from tuner.statistics.calibration import LINEAR, check_exponent
 from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, SearchCap, search_cap
@@ -163,9 +171,21 @@ class EvalSettings:
             "weights and activations (auto: float32 on CPU, bfloat16 on CUDA)", choices=tuple(DTYPES)
         ),
     )
+    long_prompts: str = field(
+        default="cut",
+        metadata=_help(
+            "a prompts file's prompt over --max-prompt-tokens: cut in the middle as LongBench's are (the "
+            "default, what every built-in task does), or refuse the file naming the row",
+            choices=LONG_PROMPTS,
+        ),
+    )
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)  # the engine's one rule for dtype names
+        if self.long_prompts not in LONG_PROMPTS:
+            raise ValueError(
+                f"long_prompts = {self.long_prompts!r}: must be one of {', '.join(LONG_PROMPTS)}"
+            )
         if self.language not in LANGUAGE_FILTERS:
             raise ValueError(f"language = {self.language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
         if self.split not in SPLITS:
@@ -177,6 +197,7 @@ class EvalSettings:
         ):
             raise ValueError(f"task = {self.task!r}: a comma list with an empty part; drop the extra comma")
         resolve_task(self.task, self.language)  # an unknown task fails here, before any state
+        _ = self.prompts_file  # a prompts file is read and checked once, here: its content is the study's
         if self.n_examples is not None and self.n_examples < 1:
             raise ValueError(f"n_examples = {self.n_examples}: must be >= 1 (or null for all)")
         if self.max_prompt_tokens < 16:
@@ -191,6 +212,28 @@ class EvalSettings:
     @property
     def model_slug(self) -> str:
         return _slug(Path(self.model).name or self.model)
+
+    @functools.cached_property
+    def prompts_file(self) -> PromptsFile | None:
+        """The task's prompts file as it was when these settings were made, read and validated (None
+        for a named task): the study's name and identity are of that content."""
+        return load_prompts_file(self.task) if is_prompts_path(self.task) else None
+
+    @property
+    def task_slug(self) -> str:
+        """The task in a folder name; a prompts file's stem and content fingerprint (an edited file is
+        another study)."""
+        prompts = self.prompts_file
+        if prompts is None:
+            return _slug(self.task)
+        return f"{_slug(prompts.path.stem)}-{prompts.fingerprint[:8]}"
+
+    @property
+    def budget_kind(self) -> str:
+        """What the task's score points measure (:data:`tuner.data.prompts.BUDGET_KINDS`): ``gold``,
+        or ``agreement`` for a prompts file without answers."""
+        prompts = self.prompts_file
+        return "gold" if prompts is None else prompts.budget_kind
 
     def eval_only(self) -> EvalSettings:
         """Just the evaluation fields (what the baseline cache and the examples depend on)."""
@@ -226,7 +269,12 @@ class SearchSettings(EvalSettings):
     seed: int = field(default=0, metadata=_help("sampler seed"))
     search_space: str = field(default="stages", metadata=_help("a packaged space name or a YAML path"))
     max_accuracy_loss: float = field(
-        default=2.0, metadata=_help("loss budget in score points (confirmation, recommended.json)")
+        default=2.0,
+        metadata=_help(
+            "loss budget in score points (confirmation, recommended.json) (default: 2.0; for a prompts "
+            f"file without answers, {AGREEMENT_BUDGET:g} agreement points, with --calibration-exponent "
+            f"{AGREEMENT_EXPONENT:g} and --max-kl of 2 gold points by default, docs/statistics.md)"
+        ),
     )
     # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (docs/benchmarks.md)
     accuracy: str = field(
@@ -413,7 +461,7 @@ class SearchSettings(EvalSettings):
             if self.search_space.endswith((".yaml", ".yml"))
             else self.search_space
         )
-        return f"{self.model_slug}-{_slug(self.task)}-{_slug(space)}"
+        return f"{self.model_slug}-{self.task_slug}-{_slug(space)}"
 
     @property
     def study_dir(self) -> Path:
@@ -427,7 +475,10 @@ class SearchSettings(EvalSettings):
     @functools.cached_property
     def prior(self) -> SlopePrior | None:
         """The slope prior ``slope_prior`` names, read once (None: ``none``, or ``auto`` with no
-        packaged prior for this model)."""
+        packaged prior for this model, or for an agreement budget: the packaged priors are in gold
+        points, and an agreement calibration's slope is about eight times theirs, docs/statistics.md)."""
+        if self.slope_prior == "auto" and self.budget_kind == "agreement":
+            return None
         return resolve_prior(
             self.slope_prior, self.model_slug, self.max_prompt_tokens, self.calibration_exponent
         )
@@ -495,7 +546,13 @@ class SearchSettings(EvalSettings):
                 "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival", "timing_clock",
                 "confidence", "fidelity_top_k", "fidelity_gold", "search_cap", "search_cap_source",
                 "search_cap_prior")  # fmt: skip
-        return {k: getattr(self, k) for k in keys}
+        prompts = self.prompts_file
+        file = {} if prompts is None else {"task_fingerprint": f"{prompts.fingerprint}/{self.long_prompts}"}
+        return (
+            {k: getattr(self, k) for k in keys}
+            | {"task_fingerprint": None, "budget_kind": self.budget_kind}
+            | file
+        )
 
 
 @dataclass(frozen=True)
@@ -658,6 +715,8 @@ def resolve_settings(
     if preset:
         values.update(load_preset(preset, cls))
     values.update({k: (None if v is NULL else v) for k, v in overrides.items() if v is not None})
+    if _agreement_task(cls, values.get("task")):
+        _agreement_defaults(cls, values)
     for f in fields(cls):
         if f.name in values:
             _check_type(f, values[f.name])
@@ -665,6 +724,26 @@ def resolve_settings(
         return cls(**values)
     except TypeError as exc:
         raise ValueError(f"bad settings: {exc}") from None
+
+
+def _agreement_task(cls: type[EvalSettings], task: Any) -> bool:
+    """Whether ``task`` is a prompts file without answers, for settings of ``cls`` that hold a budget."""
+    if "max_accuracy_loss" not in _field_names(cls) or not isinstance(task, str) or not is_prompts_path(task):
+        return False
+    return load_prompts_file(task).budget_kind == "agreement"
+
+
+def _agreement_defaults(cls: type[EvalSettings], values: dict[str, Any]) -> None:
+    """The defaults of a study budgeted in agreement points, where neither preset nor flag set them
+    (benchmarks/agreement_vs_gold.py, docs/statistics.md): the budget that corresponds to 2 gold points,
+    the square-root calibration (agreement loss against KL is concave: a straight line fits it worse
+    than its mean), and the search's KL cap of that gold budget."""
+    mine = _field_names(cls)
+    values.setdefault("max_accuracy_loss", AGREEMENT_BUDGET)
+    if "calibration_exponent" in mine:
+        values.setdefault("calibration_exponent", AGREEMENT_EXPONENT)
+    if "max_kl" in mine and values.get("accuracy", "fidelity") == "fidelity" and "max_kl" not in values:
+        values["max_kl"] = KL_PER_POINT * GOLD_PER_AGREEMENT_POINT * values["max_accuracy_loss"]
 
 
 def settings_from_flags(args: Any, cls: type[S]) -> S:

@@ -254,6 +254,13 @@ class Tracker:
             calibration_exponent=self.settings.calibration_exponent,
             storage=redact_url(self.settings.storage_url),
         )
+        prompts = self.settings.prompts_file
+        if prompts is not None:  # the file's name, row count and fingerprint; never its content
+            params.update(
+                prompts_file=prompts.name,
+                prompts_rows=len(prompts.rows),
+                prompts_fingerprint=prompts.fingerprint,
+            )
         return params
 
     def _parent(self) -> str:
@@ -351,6 +358,13 @@ class Tracker:
                 self.parent_id, "lazyllm.recommended", "provisional" if outcome.provisional else "confirmed"
             )
         self.client.set_tag(self.parent_id, "lazyllm.accuracy_loss_unit", outcome.search_loss.unit)
+        self.client.set_tag(self.parent_id, "lazyllm.budget_kind", outcome.budget_kind)  # gold or agreement
+        self.client.set_tag(self.parent_id, "lazyllm.budget", outcome.budget_line()[:5000])
+        power = outcome.power_line()
+        if power is not None:  # what the validation prompts certify, and how many would certify the budget
+            self.client.set_tag(self.parent_id, "lazyllm.power", power[:5000])
+        for note in outcome.notes:
+            self.client.set_tag(self.parent_id, "lazyllm.note", note[:5000])
         self._log_prior(outcome, now)
         fresh = None if outcome.confirmation is None else outcome.confirmation.fresh
         if fresh is not None:
