@@ -11,6 +11,8 @@ from typing import Any
 
 import optuna
 
+from tuner.statistics.cap import search_cap
+
 IDENTITY_ATTR = "identity"
 """The study's user attr holding :meth:`StudyIdentity.to_dict`."""
 
@@ -60,7 +62,13 @@ class StudyIdentity:
     def from_dict(cls, data: Mapping[str, Any]) -> StudyIdentity:
         """Read a stored identity; fields added since it was stored take the meaning they had before."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        if "search_cap" not in data and data.get("accuracy") == "fidelity":
+            # stored before the cap was recorded: it searched under --max-kl or the constant, so it
+            # resumes with the settings that give that cap (--slope-prior none, or the same --max-kl)
+            cap = search_cap(float(data.get("max_accuracy_loss", 0.0)), data.get("max_kl"), None)
+            fields |= {"search_cap": cap.nats, "search_cap_source": cap.source, "search_cap_prior": None}
+        return cls(**fields)
 
     @classmethod
     def of_study(cls, study: optuna.Study) -> StudyIdentity | None:

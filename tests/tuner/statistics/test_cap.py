@@ -60,6 +60,9 @@ def test_without_evidence_the_constant_and_with_max_kl_the_users_cap() -> None:
     # a study stored before the cap was recorded searched with the constant (or its --max-kl)
     old = {k: v for k, v in SearchSettings().study_identity().items() if not k.startswith("search_cap")}
     assert Budget.from_settings(StudyIdentity.from_dict(old)).search.budget == KL_PER_POINT * 2.0
+    # ... and resumes with the settings that give that cap (what tuner.study.storage.open_study compares)
+    assert StudyIdentity.from_dict(old).to_dict() == SearchSettings(slope_prior="none").study_identity()
+    assert StudyIdentity.from_dict(old).to_dict() != SearchSettings().study_identity()
     with pytest.raises(ValueError, match="names its prior"):
         SearchCap(0.1, "prior")
     assert search_cap(2.0, None, None).text().startswith("0.6000 nats (no calibration known")
