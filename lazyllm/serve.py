@@ -292,15 +292,15 @@ def create_app(settings: ServeSettings, served: Served | None = None) -> FastAPI
     ) -> Any:
         decoding = checked.decoding
         limit, why = state.prompt_limit(decoding.max_tokens)
+        if limit < 1:
+            raise APIError(f"max_tokens = {decoding.max_tokens} leaves no room for a prompt ({why})",
+                           param="max_tokens")  # fmt: skip
         if len(ids) > limit:
             raise APIError(
                 f"the prompt has {len(ids)} tokens; the limit is {limit} prompt tokens ({why}): "
                 "shorten it" + (", or ask for fewer max_tokens" if "context" in why else ""),
                 param=field, code="context_length_exceeded",
             )  # fmt: skip
-        if limit < 1:
-            raise APIError(f"max_tokens = {decoding.max_tokens} leaves no room for a prompt ({why})",
-                           param="max_tokens")  # fmt: skip
         name = decoding.schedule or state.default
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
