@@ -116,10 +116,14 @@ def test_sampled_answer_is_the_engines_with_the_same_seed(server: Server) -> Non
 
 def test_stream_joins_to_the_blocking_text_with_usage_last(server: Server) -> None:
     client = server.client()
-    blocking = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
+    # a stop string that never comes: the stream holds back its length less one character until the end
+    stop = ["<no such text>"]
+    blocking = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, stop=stop
+    )
     chunks = list(
         client.chat.completions.create(
-            model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, stream=True,
+            model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, stop=stop, stream=True,
             stream_options={"include_usage": True},
         )
     )  # fmt: skip
