@@ -301,3 +301,20 @@ def test_a_full_queue_gets_429_with_retry_after(
         running.close()  # the first client goes; the waiting one is served next
         thread.join(timeout=120)
         assert waiting and waiting[0].choices[0].finish_reason == "length"
+
+
+def test_bad_flags_are_one_line_errors_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lazyllm.serve import main
+
+    schedule = str(SCHEDULE.save(tmp_path / "s.json"))
+    for argv, said in [
+        (["--schedule", str(tmp_path / "missing.json")], "missing.json: no such file"),
+        (["--schedule", f"unpruned={schedule}"], "schedule name 'unpruned'"),
+        (["--schedule", f"a={schedule}", "--schedule", f"a={schedule}"], "schedule name 'a'"),
+        (["--schedule", schedule, "--max-batch", "0"], "--max-batch 0: must be an integer >= 1"),
+    ]:
+        assert main(["--model", "/nonexistent/model", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
