@@ -24,6 +24,7 @@ from lazyllm.schedule import Schedule
 from tests.support import served
 
 SCHEDULE = Schedule("tiny", (0.0, 50.0, 30.0, 0.0), revival="frozen")
+DYNAMIC = Schedule("tiny", (0.0, 50.0, 30.0, 0.0), revival="dynamic")  # revives: decoded alone
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}]
 PROMPT_CAP = 300
 
@@ -50,13 +51,15 @@ def engines(tiny_folder: Path) -> dict[str, LazyLLM]:
     keep_all = Schedule.keep_all("tiny", SCHEDULE.num_layers)
     return {
         name: LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False)
-        for name, schedule in (("tuned", SCHEDULE), ("unpruned", keep_all))
+        for name, schedule in (("tuned", SCHEDULE), ("unpruned", keep_all), ("dynamic", DYNAMIC))
     }
 
 
 def _start(tiny_folder: Path, tmp: Path, *flags: str) -> Any:
     schedule = SCHEDULE.save(tmp / "schedule.json")
-    args = ["--model", str(tiny_folder), "--schedule", str(schedule), "--served-model-name", "tiny", *flags]
+    dynamic = DYNAMIC.save(tmp / "dynamic.json")
+    args = ["--model", str(tiny_folder), "--schedule", str(schedule), "--schedule", f"dynamic={dynamic}",
+            "--served-model-name", "tiny", *flags]  # fmt: skip
     return served("lazyllm.serve", args, tmp / "serve.log")
 
 
@@ -104,6 +107,17 @@ def test_blocking_chat_and_completion_are_the_engines_answers(server: Server) ->
     assert text.usage is not None and text.usage.prompt_tokens == raw.prompt_tokens
 
 
+def test_a_schedule_that_revives_tokens_is_served_too(server: Server) -> None:
+    client = server.client()
+    kwargs: dict[str, Any] = dict(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0)
+    answer = client.chat.completions.create(**kwargs, extra_body={"schedule": "dynamic"})
+    expected = server.engines["dynamic"].generate(MESSAGES, max_new_tokens=8)
+    assert answer.choices[0].message.content == expected.text
+    assert answer.model_extra["lazyllm"]["revival"] == "dynamic"  # type: ignore[index]
+    stream = client.chat.completions.create(**kwargs, stream=True, extra_body={"schedule": "dynamic"})
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == expected.text
+
+
 def test_sampled_answer_is_the_engines_with_the_same_seed(server: Server) -> None:
     answer = server.client().chat.completions.create(
         model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.9, top_p=0.95, seed=11
@@ -147,7 +161,7 @@ def test_stream_joins_to_the_blocking_text_with_usage_last(server: Server) -> No
 def test_models_list_and_the_async_client(server: Server) -> None:
     listed = server.client().models.list()
     assert [m.id for m in listed.data] == ["tiny"]
-    assert listed.data[0].model_extra["lazyllm"]["schedules"] == ["tuned", "unpruned"]  # type: ignore[index]
+    assert listed.data[0].model_extra["lazyllm"]["schedules"] == ["tuned", "dynamic", "unpruned"]  # type: ignore[index]
 
     async def ask() -> str | None:
         client = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="unused")
@@ -204,7 +218,7 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(serve
         (lambda: client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=-3), 400,
          "max_tokens", "max_tokens = -3: must be an integer >= 1"),
         (lambda: client.chat.completions.create(model="tiny", messages=MESSAGES, extra_body={"schedule": "fast"}),
-         400, "schedule", "schedule = 'fast' is unknown; available: tuned, unpruned"),
+         400, "schedule", "schedule = 'fast' is unknown; available: tuned, dynamic, unpruned"),
         (lambda: client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[]), 400, "tools",
          "unsupported fields ['tools']"),
         (lambda: client.completions.create(model="tiny", prompt="hi", echo=True), 400, "echo", "echo = True"),
