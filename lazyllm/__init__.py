@@ -6,6 +6,7 @@ The engine only: no Optuna or MLflow imports here (those live in :mod:`tuner`).
 from lazyllm.batch import BatchRequest, generate_batch
 from lazyllm.engine import GenerationResult, GenerationTrace, LazyLLM, PrefillResult
 from lazyllm.flops import ModelDims, flop_speedup
+from lazyllm.hf_generate import apply
 from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
 from lazyllm.sampling import Sampling
 from lazyllm.schedule import Revival, Schedule, num_pruned
@@ -24,6 +25,7 @@ __all__ = [
     "Sampling",
     "Schedule",
     "TextStream",
+    "apply",
     "flop_speedup",
     "generate_batch",
     "load_model",

@@ -8,16 +8,23 @@ prefill computed there) plus the generated tokens, an ordinary KV-cached decode 
 of different lengths. Such generations can share their decoding steps, whatever their prompts and
 schedules, as long as they run on one model:
 
-1. each request's prefill runs alone, through its engine (pruning as its schedule says, resuming
-   from a captured unpruned prefix when given one), and picks the first token; a request may also
-   ask for teacher-forced logits along a given answer (``forced``) or along its own answer once it
-   is decoded (``force_own``), run from that same prefill (the fidelity's KL and reference);
+1. the prefills of the requests of one engine run as one padded batch, each row pruned by its own
+   scores (:func:`lazyllm.prefill.prefill_rows`; one after the other where the schedule does not
+   allow it), resuming from captured unpruned prefixes when given, and each picks its first token.
+   A request may also ask for teacher-forced logits along a given answer (``forced``) or along its
+   own answer once it is decoded (``force_own``), run from that same prefill (the fidelity's KL and
+   reference); such a request's prefill runs alone, so that its scores are bit for bit the lone
+   passes' whatever else is in the batch;
 2. per layer, the requests' stored keys/values are stacked into one ``[B, KVH, L_l + T, D]`` cache,
    padded to the longest (``L_l``: the most tokens any request computed at layer ``l``), with a
    mask that blocks the padding and, on sliding-window layers, keys outside the window;
 3. every step feeds each unfinished request's newest token at its own next position and writes
    its keys/values into the next free slot of the cache; a request leaves the batch when it stops
    (EOS, a stop string, or its ``max_new_tokens``).
+
+A request whose schedule revives tokens while decoding (``dynamic``, ``budget:N``) cannot share
+steps: it runs alone, exactly as :meth:`LazyLLM.generate`, after the batched ones (with one warning
+per call), with the same callbacks, cancelling and timing.
 
 Each request then has the tokens :meth:`LazyLLM.generate` would give it alone: the same keys are
 attended with the same weights (keys are stored after their rotary embedding, so a slot's place in
@@ -46,18 +53,20 @@ requests at ``t0`` waits; a request's own compute is not separable from its neig
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lazyllm.architectures import DecoderStack
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers
 from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
+from lazyllm.prefill import RowPrefill, decodes_frozen, prefill_row, prefill_rows
 from lazyllm.sampling import Sampling, TokenPicker
-from lazyllm.text import StopCriteria
+from lazyllm.text import StopCriteria, caller_stacklevel
 from lazyllm.timing import synchronize
 
 DEFAULT_BATCH_SIZE = 8
@@ -74,8 +83,8 @@ class BatchRequest:
     """One generation to decode together with others.
 
     Attributes:
-        engine: the engine whose schedule prunes the prompt; its decoding must be frozen
-            (:func:`decodes_frozen`), and every request of a batch must share its model.
+        engine: the engine whose schedule prunes the prompt; every request of a batch must share
+            its model. One whose decoding revives tokens (not :func:`decodes_frozen`) runs alone.
         input_ids: the prompt's token ids (already encoded; no chat template is applied).
         max_new_tokens: at most this many new tokens.
         stop_strings: stop once the decoded text contains one of these (the text is cut before it).
@@ -110,11 +119,6 @@ class BatchRequest:
             raise ValueError("forced answer is empty: need at least one token (or None)")
         if self.forced is not None and self.force_own:
             raise ValueError("give forced or force_own, not both")
-        if not decodes_frozen(self.engine):
-            raise ValueError(
-                f"schedule with revival {self.engine.schedule.revival} revives tokens while decoding, "
-                "so its steps cannot be batched; use LazyLLM.generate, or a frozen schedule"
-            )
         if self.seed is not None:
             Sampling(seed=self.seed)  # validates it
 
@@ -122,12 +126,6 @@ class BatchRequest:
     def decoding(self) -> Sampling:
         """The request's decoding strategy, its ``seed`` applied."""
         return Sampling.resolve(self.sampling, seed=self.seed)
-
-
-def decodes_frozen(engine: LazyLLM) -> bool:
-    """Whether ``engine``'s decoding steps prune and revive nothing (what a batch needs)."""
-    schedule = engine.schedule
-    return not schedule.revival.revives or not any(schedule.percentiles)
 
 
 @dataclass
@@ -170,33 +168,103 @@ def generate_batch(
         raise ValueError("the requests of one batch must share one model; batch each model's apart")
     t0 = time.perf_counter()
     results: list[GenerationResult | None] = [None] * len(requests)
-    for start in range(0, len(requests), batch_size):
-        chunk = list(enumerate(requests))[start : start + batch_size]
-        for i, result in _decode_chunk(chunk, t0, on_token):
+    together = [(i, r) for i, r in enumerate(requests) if decodes_frozen(r.engine)]
+    for start in range(0, len(together), batch_size):
+        for i, result in _decode_chunk(together[start : start + batch_size], t0, on_token):
             results[i] = result
+    alone = [(i, r) for i, r in enumerate(requests) if not decodes_frozen(r.engine)]
+    if alone:
+        warnings.warn(
+            f"{len(alone)} of {len(requests)} requests have schedules that revive tokens while decoding "
+            "(dynamic or budget revival): they run one at a time, after the batched ones",
+            stacklevel=caller_stacklevel(),
+        )
+    for i, request in alone:
+        results[i] = _generate_alone(i, request, t0, on_token)
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+@dataclass(frozen=True)
+class _Offering(StopCriteria):
+    """A request's stopping rule that first hands each new token to ``on_token`` (False: cancelled)."""
+
+    index: int = 0
+    on_token: OnToken | None = None
+
+    def check(self, generated: list[int]) -> str | None:
+        if self.on_token is not None and self.on_token(self.index, generated[-1]) is False:
+            return CANCELLED
+        return super().check(generated)
+
+
+def _generate_alone(
+    index: int, request: BatchRequest, t0: float, on_token: OnToken | None
+) -> GenerationResult:
+    """A request whose decoding revives tokens: exactly :meth:`LazyLLM.generate`, timed from ``t0``."""
+    engine, prep = request.engine, _Prepared.of(request)
+    stop = _Offering(prep.stop.eos_ids, prep.stop.stop_strings, prep.stop.tokenizer, index, on_token)
+    steps = engine._decode(
+        prep.ids, stop, t0, request.max_new_tokens, prep.sampling, False, False, prep.prefix
+    )
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: GenerationResult = done.value
+            break
+    answer = (
+        request.forced
+        if request.forced is not None
+        else tuple(result.token_ids)
+        if request.force_own
+        else None
+    )
+    if answer is None:
+        return result
+    return dataclasses.replace(
+        result, forced_logits=engine.forced_logits(prep.ids, answer, prefix=prep.prefix)
+    )
 
 
 @torch.inference_mode()
 def _decode_chunk(
     chunk: list[tuple[int, BatchRequest]], t0: float, on_token: OnToken | None
 ) -> list[tuple[int, GenerationResult]]:
-    engine = chunk[0][1].engine
-    stack = engine.stack
-    layers, inner = lazyllm_layers(engine.model, stack.layers)
-    device = engine.device
+    """Prefill the chunk's requests (those of one engine together, :func:`~lazyllm.prefill.prefill_rows`),
+    hand out their first tokens, then decode the unfinished ones as one batch."""
+    # (engine, alone) -> positions in the chunk, in order of first appearance
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for k, (_, request) in enumerate(chunk):
+        alone = request.forced is not None or request.force_own
+        groups.setdefault((id(request.engine), alone), []).append(k)
     rows: list[_Row] = []
-    caches: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []  # per row, per layer
-    for index, request in chunk:
-        row, cache = _prefill(index, request, t0)
-        _offer(row, on_token)
-        rows.append(row)
-        if row.finish is None:
-            caches.append(cache)
+    prefills: list[RowPrefill] = []
+    for (_, alone), positions in groups.items():
+        members = [chunk[k] for k in positions]
+        prepared = [_Prepared.of(request) for _, request in members]
+        engine = members[0][1].engine
+        if alone:  # teacher-forced logits are scores: bit for bit the lone passes, whatever the batch
+            done = [prefill_row(engine, p.ids, prefix=p.prefix, room=p.room) for p in prepared]
+        else:
+            ids, given, rooms = (
+                [p.ids for p in prepared],
+                [p.prefix for p in prepared],
+                [p.room for p in prepared],
+            )
+            done = prefill_rows(engine, ids, prefixes=given, rooms=rooms)
+        synchronize(engine.device)
+        for (index, request), prep, prefill in zip(members, prepared, done):
+            row = _first_token(index, request, prep, prefill, t0)
+            _offer(row, on_token)
+            rows.append(row)
+            if row.finish is None:
+                prefills.append(prefill)
     live = [r for r in rows if r.finish is None]
     if live:
-        _decode_together(stack, layers, inner, device, live, caches, on_token)
+        decoder = FrozenDecoder(chunk[0][1].engine, prefills, room=max(r.limit for r in live) - 1)
+        prefills.clear()  # the rows' own stores are no longer needed
+        _decode_together(decoder, live, on_token)
     for row in rows:
         _force_own(row)
     return [(r.index, _result(r)) for r in rows]
@@ -212,57 +280,61 @@ def _offer(row: _Row, on_token: OnToken | None) -> None:
         row.end = time.perf_counter()
 
 
-def _prefill(
-    index: int, request: BatchRequest, t0: float
-) -> tuple[_Row, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
-    """The request's pruned prefill alone, its first token, and its per-layer (keys, values, positions)."""
-    engine = request.engine
-    ids, stop = engine._prepare(
-        torch.as_tensor(request.input_ids),
-        request.max_new_tokens,
-        False,
-        eos if (eos := request.eos_token_id) is None or isinstance(eos, int) else list(eos),
-        request.stop_strings,
-    )
-    prefix = request.prefix
-    if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
-        raise ValueError("prefix was captured from another prompt; capture it from this one")
-    n = ids.shape[1]
-    forced = request.forced or ()
-    room = request.max_new_tokens if request.force_own else len(forced)
-    sampling = request.decoding
-    picker = None if sampling.greedy else sampling.picker(ids, request.max_new_tokens)
-    gen = engine._begin(ids, n + room, store_kv=True, trace=False)
-    logits = engine._forward(gen, ids, 0, prefix=prefix)
+@dataclass(frozen=True)
+class _Prepared:
+    """A request's checked prompt ``[1, n]``, stopping rule, strategy and prefill room."""
+
+    ids: torch.Tensor
+    stop: StopCriteria
+    sampling: Sampling
+    prefix: PromptPrefix | None
+    room: int  # slots after the prompt in the row's own stores (teacher forcing)
+
+    @classmethod
+    def of(cls, request: BatchRequest) -> _Prepared:
+        engine = request.engine
+        eos = request.eos_token_id
+        ids, stop = engine._prepare(
+            torch.as_tensor(request.input_ids),
+            request.max_new_tokens,
+            False,
+            eos if eos is None or isinstance(eos, int) else list(eos),
+            request.stop_strings,
+        )
+        prefix = request.prefix
+        if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
+            raise ValueError("prefix was captured from another prompt; capture it from this one")
+        room = request.max_new_tokens if request.force_own else len(request.forced or ())
+        return cls(ids, stop, request.decoding, prefix, room)
+
+
+def _first_token(index: int, request: BatchRequest, prep: _Prepared, prefill: RowPrefill, t0: float) -> _Row:
+    """The request's row after its prefill: its first token chosen (and forced logits, if asked)."""
+    sampling = prep.sampling
+    picker = None if sampling.greedy else sampling.picker(prep.ids, request.max_new_tokens)
+    logits = prefill.logits
     token = int(logits[0].argmax()) if picker is None else int(picker.pick(logits))
-    synchronize(ids.device)
-    state = gen.state
     row = _Row(
         index=index,
-        n=n,
+        n=prefill.n,
         limit=request.max_new_tokens,
-        stop=stop,
+        stop=prep.stop,
         t0=t0,
         ttft=time.perf_counter() - t0,
-        per_layer=(state.slot_of[:, :n] >= 0).float().mean(dim=1).tolist(),
-        computed=gen.prompt_pairs / (n * engine.stack.num_layers),
-        revival=str(gen.revival),
-        scoring=str(gen.scoring),
+        per_layer=prefill.per_layer,
+        computed=prefill.computed,
+        revival=str(prefill.gen.revival),
+        scoring=str(prefill.gen.scoring),
         tokens=[token],
         sampling=sampling,
         picker=picker,
     )
-    cache = []
-    for kv in state.kv:
-        if kv.keys is None or kv.values is None:
-            raise RuntimeError("a prefill left a layer's KV store empty (engine bug)")
-        m = kv.length
-        cache.append((kv.keys[:, :, :m], kv.values[:, :, :m], kv.slot_positions().clone()))
-    if forced:  # appends after the prefill's slots (room was made for it): the views above stay
-        row.forced_logits = engine._forced_rest(gen, logits, n, forced)
+    engine = request.engine
+    if request.forced:  # appends after the prefill's slots (room was made for it): its cache views stay
+        row.forced_logits = engine._forced_rest(prefill.gen, logits, prefill.n, request.forced)
     elif request.force_own:  # once its answer is known (_force_own)
-        row.own = (engine, gen, logits)
-    return row, cache
+        row.own = (engine, prefill.gen, logits)
+    return row
 
 
 def _force_own(row: _Row) -> None:
@@ -283,45 +355,97 @@ def _pick(rows: list[_Row], logits: torch.Tensor) -> list[int]:
     return chosen
 
 
-def _decode_together(
-    stack: DecoderStack,
-    layers: tuple[torch.nn.Module, ...],
-    inner: str,
-    device: torch.device,
-    rows: list[_Row],
-    caches: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
-    on_token: OnToken | None,
-) -> None:
+def _decode_together(decoder: FrozenDecoder, rows: list[_Row], on_token: OnToken | None) -> None:
     """Decode ``rows`` (each with its first token) together until every one has stopped."""
-    steps = max(r.limit for r in rows) - 1
-    keys, values, positions, valid, base = [], [], [], [], []
-    for li in range(len(layers)):
-        parts = [c[li] for c in caches]
-        longest = max(k.shape[2] for k, _, _ in parts)
-        first = parts[0][0]
-        shape = (len(parts), first.shape[1], longest + steps, first.shape[3])
-        k_all, v_all = first.new_zeros(shape), first.new_zeros(shape)
-        p_all = torch.zeros(shape[0], shape[2], dtype=torch.long, device=device)
-        ok = torch.zeros(shape[0], shape[2], dtype=torch.bool, device=device)
-        for b, (k, v, p) in enumerate(parts):
-            m = k.shape[2]
-            k_all[b, :, :m], v_all[b, :, :m], p_all[b, :m], ok[b, :m] = k[0], v[0], p, True
-        keys.append(k_all)
-        values.append(v_all)
-        positions.append(p_all)
-        valid.append(ok)
-        base.append(longest)
-    caches.clear()  # the rows' own stores are no longer needed
     live = list(rows)
-    n = torch.tensor([r.n for r in live], device=device)
-    for step in range(steps):
-        tokens = torch.tensor([[r.tokens[-1]] for r in live], device=device)
-        pos = n + step  # [B] where each row's newest token sits
-        hidden = stack.embed(tokens)
+    while live:
+        device = decoder.device
+        logits = decoder.step(torch.tensor([r.tokens[-1] for r in live], device=device))
+        keep = []
+        for b, (row, token) in enumerate(zip(live, _pick(live, logits))):
+            row.tokens.append(token)
+            _offer(row, on_token)
+            if row.finish is None:
+                keep.append(b)
+        if len(keep) < len(live):
+            decoder.keep(keep)
+            live = [live[b] for b in keep]
+
+
+class FrozenDecoder:
+    """Decoding steps of ``frozen`` prefills as one batch (the module docstring's steps 2 and 3).
+
+    Per layer ``l`` the rows' stores are stacked into one ``[B, KVH, L_l + room, D]`` cache (``L_l``:
+    the most tokens any row computed at ``l``), with slot positions and a validity mask; each
+    :meth:`step` writes every row's new key/value into the next free slot (the buffers double when
+    full). The rows may come from engines with different schedules, on one model.
+
+    Args:
+        engine: any engine on the rows' model (its stack and attention kernel are used).
+        prefills: the rows' prefills, in batch order.
+        room: decoding steps to make room for up front.
+    """
+
+    def __init__(self, engine: LazyLLM, prefills: Sequence[RowPrefill], room: int = 0) -> None:
+        self.stack = engine.stack
+        self.layers, self.inner = lazyllm_layers(engine.model, self.stack.layers)
+        self.device = engine.device
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.positions: list[torch.Tensor] = []
+        self.valid: list[torch.Tensor] = []
+        self.base: list[int] = []  # per layer: the slot of step 0
+        for li in range(len(self.layers)):
+            parts = [p.cache[li] for p in prefills]
+            longest = max(k.shape[2] for k, _, _ in parts)
+            first = parts[0][0]
+            shape = (len(parts), first.shape[1], longest + max(room, 1), first.shape[3])
+            k_all, v_all = first.new_zeros(shape), first.new_zeros(shape)
+            p_all = torch.zeros(shape[0], shape[2], dtype=torch.long, device=self.device)
+            ok = torch.zeros(shape[0], shape[2], dtype=torch.bool, device=self.device)
+            for b, (k, v, p) in enumerate(parts):
+                m = k.shape[2]
+                k_all[b, :, :m], v_all[b, :, :m], p_all[b, :m], ok[b, :m] = k[0], v[0], p, True
+            self.keys.append(k_all)
+            self.values.append(v_all)
+            self.positions.append(p_all)
+            self.valid.append(ok)
+            self.base.append(longest)
+        self.n = torch.tensor([p.n for p in prefills], device=self.device)
+        self.steps = 0
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.n.shape[0])
+
+    def _grow(self) -> None:
+        """Double every layer's room for new slots."""
+        for li in range(len(self.layers)):
+            extra = self.keys[li].shape[2]
+            k = self.keys[li]
+            self.keys[li] = torch.cat([k, k.new_zeros(*k.shape[:2], extra, k.shape[3])], 2)
+            v = self.values[li]
+            self.values[li] = torch.cat([v, v.new_zeros(*v.shape[:2], extra, v.shape[3])], 2)
+            p = self.positions[li]
+            self.positions[li] = torch.cat([p, p.new_zeros(p.shape[0], extra)], 1)
+            ok = self.valid[li]
+            self.valid[li] = torch.cat([ok, ok.new_zeros(ok.shape[0], extra)], 1)
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed each row's newest token ``tokens`` ``[B]`` at its next position; return ``[B, vocab]``
+        float32 next-token logits."""
+        stack, device, step = self.stack, self.device, self.steps
+        if any(self.base[li] + step >= self.keys[li].shape[2] for li in range(len(self.layers))):
+            self._grow()
+        pos = self.n + step  # [B] where each row's newest token sits
+        hidden = stack.embed(tokens[:, None])
         embeddings = stack.position_embeddings(hidden, pos[:, None])
-        for index, layer in enumerate(layers):
-            slot = base[index] + step
-            keys_l, values_l, pos_l, ok_l = keys[index], values[index], positions[index], valid[index]
+        for index, layer in enumerate(self.layers):
+            slot = self.base[index] + step
+            keys_l, values_l, pos_l, ok_l = (
+                self.keys[index], self.values[index], self.positions[index], self.valid[index]
+            )  # fmt: skip
             pos_l[:, slot] = pos
             ok_l[:, slot] = True
             allowed = ok_l[:, : slot + 1]
@@ -347,25 +471,19 @@ def _decode_together(
                 attention_mask=mask[:, None, None],
                 position_ids=pos[:, None],
                 position_embeddings=embeddings[stack.layer_types[index]],
-                **{CALL_KWARG: AttentionCall(inner=inner, store=store)},
+                **{CALL_KWARG: AttentionCall(inner=self.inner, store=store)},
             )
-        chosen = _pick(live, stack.logits(hidden).float())
-        keep = []
-        for b, (row, token) in enumerate(zip(live, chosen)):
-            row.tokens.append(token)
-            _offer(row, on_token)
-            if row.finish is None:
-                keep.append(b)
-        if not keep:
-            return
-        if len(keep) < len(live):
-            at = torch.tensor(keep, device=device)
-            keys = [k.index_select(0, at) for k in keys]
-            values = [v.index_select(0, at) for v in values]
-            positions = [p.index_select(0, at) for p in positions]
-            valid = [v.index_select(0, at) for v in valid]
-            n = n.index_select(0, at)
-            live = [live[b] for b in keep]
+        self.steps += 1
+        return stack.logits(hidden).float()
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (indices into the current batch, in order); the others leave it."""
+        at = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        self.keys = [k.index_select(0, at) for k in self.keys]
+        self.values = [v.index_select(0, at) for v in self.values]
+        self.positions = [p.index_select(0, at) for p in self.positions]
+        self.valid = [v.index_select(0, at) for v in self.valid]
+        self.n = self.n.index_select(0, at)
 
 
 def _result(row: _Row) -> GenerationResult:

@@ -75,13 +75,32 @@ def test_rows_leave_the_batch_when_they_stop_and_prefixes_resume(tiny: Any) -> N
     assert len({len(got.token_ids) for got in together}) > 1  # rows left the batch at different steps
 
 
-def test_a_reviving_schedule_or_two_models_are_refused(tiny: Any) -> None:
+def test_a_reviving_schedule_runs_alone_and_two_models_are_refused(tiny: Any) -> None:
     name, layers = tiny.config.name_or_path, tiny.config.num_hidden_layers
-    dynamic = LazyLLM(tiny, Schedule(name, (0.5,) + (0.0,) * (layers - 1)))
+    dynamic = LazyLLM(tiny, Schedule(name, (50.0,) + (0.0,) * (layers - 1)))
+    frozen_engine = LazyLLM(tiny, _schedules(tiny)[1])
     assert not decodes_frozen(dynamic)
     assert decodes_frozen(LazyLLM(tiny, Schedule.keep_all(name, layers)))  # nothing to revive
-    with pytest.raises(ValueError, match=r"revives tokens while decoding.*LazyLLM.generate"):
-        BatchRequest(dynamic, [1, 2, 3])
+    ids = [prompt(n, seed=n)[0].tolist() for n in (14, 27)]
+    requests = [
+        BatchRequest(e, x, max_new_tokens=6, eos_token_id=()) for e in (dynamic, frozen_engine) for x in ids
+    ]
+    seen: list[int] = []
+
+    def on_token(i: int, token: int) -> bool:
+        seen.append(i)
+        return not (i == 1 and seen.count(1) == 3)  # cancel the second dynamic request at its 3rd token
+
+    with pytest.warns(UserWarning, match="2 of 4 requests .* run one at a time"):
+        results = generate_batch(requests, on_token=on_token)
+    for request, got in zip(requests, results):
+        alone = request.engine.generate(torch.tensor(request.input_ids), max_new_tokens=6, eos_token_id=[])
+        assert got.revival == alone.revival
+        if request is requests[1]:
+            assert got.finish_reason == "cancelled" and got.token_ids == alone.token_ids[:3]
+        else:
+            assert got.token_ids == alone.token_ids and got.finish_reason == "length"
+    assert seen[-3:] == [1, 1, 1] and seen.count(0) == 6  # the batched ones first, then each alone
     other = make_tiny(name.removeprefix("tiny-"), seed=1)
     frozen = Schedule.keep_all(name, layers)
     with pytest.raises(ValueError, match="share one model"):
@@ -196,6 +215,6 @@ def test_times_run_from_the_calls_start(tiny: Any) -> None:
         for n in (30, 30, 30)
     ]
     results = generate_batch(requests, batch_size=2)
-    # the second row waited for the first's prefill, the third for the whole first chunk
-    assert results[0].ttft_s < results[1].ttft_s < results[0].total_s <= results[2].ttft_s
+    # rows 0 and 1 share one prefill (their first tokens come after it), row 2 waited for that chunk
+    assert results[0].ttft_s <= results[1].ttft_s < results[0].total_s <= results[2].ttft_s
     assert all(r.ttft_s <= r.total_s for r in results)
