@@ -8,7 +8,8 @@ while a batch runs waits for that batch to finish, then joins the next one with 
 arrived meanwhile. Requests are never admitted into a running decode batch (the batched engine has
 no step-level admission), so a short request behind a long batch waits for it: its ``queue_s`` says
 how long. A schedule that revives tokens while decoding (``dynamic``, ``budget:N``) cannot share
-decoding steps: its requests run one at a time through the engine's own loop, in the worker's turn.
+decoding steps: its requests run one at a time (``generate_batch`` runs each as ``LazyLLM.generate``
+would), in the worker's turn, and say ``batch_size`` 1.
 
 Every new token is reported as it is produced (``on_token``); a request whose client has gone
 (:meth:`Job.cancel`) leaves its batch at the next token and costs no more compute, and one cancelled
@@ -26,8 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import torch
 
 from lazyllm.batch import BatchRequest, OnToken, decodes_frozen, generate_batch
 from lazyllm.engine import GenerationResult, LazyLLM
@@ -204,11 +203,10 @@ class Scheduler:
             self._run_batch(together)
         for job in jobs:
             if not decodes_frozen(job.engine):
-                self._run_batch([job], alone=True)
+                self._run_batch([job])  # generate_batch runs it as LazyLLM.generate would
 
-    def _run_batch(self, jobs: Sequence[Job], alone: bool = False) -> None:
-        """Decode ``jobs`` as one batch (``alone``: one job through the engine's own loop), reporting
-        tokens as they come."""
+    def _run_batch(self, jobs: Sequence[Job]) -> None:
+        """Decode ``jobs`` as one batch, reporting tokens as they come."""
         started = time.perf_counter()
         for job in jobs:
             job.started = started
@@ -226,8 +224,7 @@ class Scheduler:
             return not job.cancelled
 
         try:
-            decode = _decode_alone if alone else _decode_together
-            results = decode(jobs, on_token)
+            results = _decode_together(jobs, on_token)
         except Exception as exc:  # a bug or a device error: every job of the batch is answered with it
             message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             for job in jobs:
@@ -244,7 +241,7 @@ class Scheduler:
             job.emit(Done(result, started - job.submitted, first - job.submitted, len(jobs)))
 
 
-def _decode_together(jobs: Sequence[Job], on_token: OnToken) -> list[GenerationResult | None]:
+def _decode_together(jobs: Sequence[Job], on_token: OnToken) -> list[GenerationResult]:
     """One batch of :func:`~lazyllm.batch.generate_batch` (every job's schedule decodes frozen)."""
     requests = [
         BatchRequest(
@@ -258,22 +255,3 @@ def _decode_together(jobs: Sequence[Job], on_token: OnToken) -> list[GenerationR
         for job in jobs
     ]
     return list(generate_batch(requests, batch_size=len(jobs), on_token=on_token))
-
-
-def _decode_alone(jobs: Sequence[Job], on_token: OnToken) -> list[GenerationResult | None]:
-    """``LazyLLM.generate`` of one job (the engine's own loop, for a schedule that revives tokens),
-    handing each token to ``on_token(0, token)`` and stopping when it returns False (then None:
-    nobody reads the answer)."""
-    (job,) = jobs
-    engine = job.engine
-    t0 = time.perf_counter()
-    ids, stop = engine._prepare(torch.tensor([job.input_ids]), job.max_tokens, False, None, job.stop)
-    steps = engine._decode(ids, stop, t0, job.max_tokens, job.sampling, False, False)
-    while True:
-        try:
-            generated = next(steps)
-        except StopIteration as done:
-            return [done.value]
-        if on_token(0, generated[-1]) is False:
-            steps.close()
-            return [None]

@@ -35,8 +35,10 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import sys
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from lazyllm.batch import decodes_frozen
 from lazyllm.cli import cli_main
 from lazyllm.engine import LazyLLM
 from lazyllm.models import DEFAULT_MODEL, DTYPES, load_model
@@ -181,6 +184,12 @@ class Served:
             name: LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False)
             for name, schedule in schedules.items()
         }
+        for name, engine in engines.items():
+            if not decodes_frozen(engine):
+                logging.getLogger("lazyllm.serve").warning(
+                    "schedule %r revives tokens while decoding (revival %s): its requests are decoded "
+                    "one at a time, not batched", name, engine.schedule.revival,
+                )  # fmt: skip
         context = getattr(model.config, "max_position_embeddings", None)
         scheduler = Scheduler(max_batch=settings.max_batch, max_queue=settings.max_queue)
         return cls(settings, engines, tokenizer, scheduler, int(context) if context else None)
@@ -463,6 +472,8 @@ def run(settings: ServeSettings) -> int:
     """Load, then serve until interrupted (uvicorn, one process: the worker thread owns the model)."""
     import uvicorn
 
+    # said once at start (Served.load) instead of by generate_batch at every request of such a schedule
+    warnings.filterwarnings("ignore", message=".*revive tokens while decoding")
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
     return 0
