@@ -282,7 +282,7 @@ def main() -> None:
 
     out = args.out or ROOT / "benchmarks" / "data" / f"serve_throughput.{date}.{args.device}.json"
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    out.write_text(json.dumps({"settings": settings, "schedule": schedule.to_json(),
+    out.write_text(json.dumps({"settings": settings, "schedule": json.loads(schedule.to_json()),
                                "rows": [asdict(r) for r in rows]}, indent=1) + "\n")  # fmt: skip
     print(f"\n{table(rows)}\n\nwrote {out}")
 
