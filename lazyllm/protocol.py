@@ -368,29 +368,38 @@ def text_completion(
     }
 
 
-def chat_chunk(
-    head: ResponseHead, piece: str | None, finish: str | None = None, *, first: bool = False
-) -> dict[str, Any]:
-    """One ``chat.completion.chunk``: a piece of text (the first also carries the role), or the finish
-    reason with an empty delta (``piece`` None)."""
-    delta: dict[str, str] = {} if piece is None else {"content": piece}
-    if first:
-        delta = {"role": "assistant", **delta}
-    choice = {"index": 0, "delta": delta, "logprobs": None,
-              "finish_reason": None if finish is None else FINISH_REASONS[finish]}  # fmt: skip
-    return {**head.fields("chat.completion.chunk"), "choices": [choice]}
+@dataclass(frozen=True)
+class Chunks:
+    """The chunks of one streamed answer (``chat.completion.chunk`` or streamed ``text_completion``),
+    all under one head."""
 
+    head: ResponseHead
+    chat: bool
 
-def text_chunk(head: ResponseHead, piece: str, finish: str | None = None) -> dict[str, Any]:
-    """One streamed ``text_completion`` chunk: a piece of text, and the finish reason on the last."""
-    choice = {"index": 0, "text": piece, "logprobs": None,
-              "finish_reason": None if finish is None else FINISH_REASONS[finish]}  # fmt: skip
-    return {**head.fields("text_completion"), "choices": [choice]}
+    @property
+    def kind(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
 
+    def _choice(self, text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
+        reason = None if finish is None else FINISH_REASONS[finish]
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        delta: dict[str, str] = {} if text is None else {"content": text}
+        if first:
+            delta = {"role": "assistant", **delta}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
 
-def usage_chunk(head: ResponseHead, kind: str, result: GenerationResult) -> dict[str, Any]:
-    """The last chunk of a stream with ``include_usage``: ``choices: []`` and ``usage``."""
-    return {**head.fields(kind), "choices": [], "usage": usage(result)}
+    def piece(self, text: str, *, first: bool = False) -> dict[str, Any]:
+        """A piece of the text (the first chat chunk also carries the role)."""
+        return {**self.head.fields(self.kind), "choices": [self._choice(text, None, first)]}
+
+    def finish(self, reason: str) -> dict[str, Any]:
+        """The chunk with the finish reason (the engine's, spelled as OpenAI does) and no text."""
+        return {**self.head.fields(self.kind), "choices": [self._choice(None, reason, False)]}
+
+    def usage(self, result: GenerationResult) -> dict[str, Any]:
+        """The last chunk of a stream with ``include_usage``: ``choices: []`` and ``usage``."""
+        return {**self.head.fields(self.kind), "choices": [], "usage": usage(result)}
 
 
 def sse(event: Mapping[str, Any]) -> str:

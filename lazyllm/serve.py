@@ -39,7 +39,7 @@ import logging
 import sys
 import time
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,18 +58,16 @@ from lazyllm.protocol import (
     SSE_DONE,
     APIError,
     ChatRequest,
+    Chunks,
     CompletionRequest,
     Decoding,
     ResponseHead,
-    chat_chunk,
     chat_completion,
     check_chat_request,
     check_completion_request,
     lazyllm_fields,
     sse,
-    text_chunk,
     text_completion,
-    usage_chunk,
 )
 from lazyllm.schedule import Schedule
 from lazyllm.scheduler import Done, Event, Failed, Job, QueueFull, Scheduler, Token
@@ -376,13 +374,8 @@ async def _stream(
     the client goes, the generator is closed and the job cancelled."""
     stop = StopCriteria.build(job.engine.model, state.tokenizer, None, decoding.stop)
     text = IncrementalText(stop)
+    chunks = Chunks(head, chat)
     tokens: list[int] = []
-    piece_chunk: Callable[[str, bool], dict[str, Any]] = (
-        (lambda piece, first: chat_chunk(head, piece, first=first))
-        if chat
-        else (lambda piece, first: text_chunk(head, piece))
-    )
-    kind = "chat.completion.chunk" if chat else "text_completion"
     try:
         while True:
             event = await events.get()
@@ -390,7 +383,7 @@ async def _stream(
                 tokens.append(event.token_id)
                 piece = text.piece(tokens)
                 if len(tokens) == 1 or piece:
-                    yield sse(piece_chunk(piece, len(tokens) == 1))
+                    yield sse(chunks.piece(piece, first=len(tokens) == 1))
                 continue
             if isinstance(event, Failed):
                 yield sse(APIError(event.message, status=500, kind="server_error").body())
@@ -399,15 +392,10 @@ async def _stream(
             result = event.result
             rest = text.rest(result.token_ids)
             if rest:
-                yield sse(piece_chunk(rest, False))
-            last = (
-                chat_chunk(head, None, result.finish_reason)
-                if chat
-                else text_chunk(head, "", result.finish_reason)
-            )
-            yield sse({**last, "lazyllm": _extension(event, name)})
+                yield sse(chunks.piece(rest))
+            yield sse({**chunks.finish(result.finish_reason), "lazyllm": _extension(event, name)})
             if decoding.include_usage:
-                yield sse(usage_chunk(head, kind, result))
+                yield sse(chunks.usage(result))
             yield SSE_DONE
             return
     finally:

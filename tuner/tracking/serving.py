@@ -242,14 +242,14 @@ class ScheduleModel:
             raise _bad_request('predict_stream takes an OpenAI chat body: {"messages": [...], ...}')
         chat, truncate = check_chat_request(model_input, params, streaming=True)
         n = self._chat_prompt(chat, truncate)
-        head = protocol.ResponseHead.new("chatcmpl", self.llm.schedule.model)
+        chunks = protocol.Chunks(protocol.ResponseHead.new("chatcmpl", self.llm.schedule.model), chat=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cut in the middle")
             stream = self._generate(chat, stream=True)
             for i, piece in enumerate(stream):
-                yield protocol.chat_chunk(head, piece, first=i == 0)
+                yield chunks.piece(piece, first=i == 0)
         result = stream.result
-        last = protocol.chat_chunk(head, None, result.finish_reason)
+        last = chunks.finish(result.finish_reason)
         yield {**last, "usage": protocol.usage(result), "lazyllm": _extension(result, n)}
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
