@@ -371,10 +371,12 @@ def text_completion(
 @dataclass(frozen=True)
 class Chunks:
     """The chunks of one streamed answer (``chat.completion.chunk`` or streamed ``text_completion``),
-    all under one head."""
+    all under one head; with ``include_usage`` every chunk but the last has ``"usage": null``, as
+    OpenAI streams them."""
 
     head: ResponseHead
     chat: bool
+    include_usage: bool = False
 
     @property
     def kind(self) -> str:
@@ -389,13 +391,17 @@ class Chunks:
             delta = {"role": "assistant", **delta}
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
 
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        chunk = {**self.head.fields(self.kind), "choices": [choice]}
+        return {**chunk, "usage": None} if self.include_usage else chunk
+
     def piece(self, text: str, *, first: bool = False) -> dict[str, Any]:
         """A piece of the text (the first chat chunk also carries the role)."""
-        return {**self.head.fields(self.kind), "choices": [self._choice(text, None, first)]}
+        return self._chunk(self._choice(text, None, first))
 
     def finish(self, reason: str) -> dict[str, Any]:
         """The chunk with the finish reason (the engine's, spelled as OpenAI does) and no text."""
-        return {**self.head.fields(self.kind), "choices": [self._choice(None, reason, False)]}
+        return self._chunk(self._choice(None, reason, False))
 
     def usage(self, result: GenerationResult) -> dict[str, Any]:
         """The last chunk of a stream with ``include_usage``: ``choices: []`` and ``usage``."""

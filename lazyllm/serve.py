@@ -374,7 +374,7 @@ async def _stream(
     the client goes, the generator is closed and the job cancelled."""
     stop = StopCriteria.build(job.engine.model, state.tokenizer, None, decoding.stop)
     text = IncrementalText(stop)
-    chunks = Chunks(head, chat)
+    chunks = Chunks(head, chat, decoding.include_usage)
     tokens: list[int] = []
     try:
         while True:

@@ -151,6 +151,12 @@ def test_stream_joins_to_the_blocking_text_with_usage_last(server: Server) -> No
     assert finish.choices[0].finish_reason == blocking.choices[0].finish_reason
     assert finish.model_extra["lazyllm"]["prompt_computed_fraction"] < 1.0  # type: ignore[index]
     assert last.choices == [] and last.usage == blocking.usage
+    # on the wire: OpenAI's events, every chunk but the usage one with "usage": null
+    events = _events(server.base, "/v1/chat/completions", {"model": "tiny", "messages": MESSAGES, "max_tokens": 4,
+                     "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    assert events[-1] == "[DONE]" and len(events) > 3
+    *rest, usage = [json.loads(e) for e in events[:-1]]
+    assert all("usage" in e and e["usage"] is None for e in rest) and usage["usage"]["completion_tokens"] == 4
     # text completions stream alike
     kwargs: dict[str, Any] = dict(model="tiny", prompt="Once upon a time", max_tokens=10, temperature=0)
     pieces = list(client.completions.create(**kwargs, stream=True))
@@ -243,6 +249,20 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(serve
         status, body = _raw(server.base, "/v1/chat/completions", data)
         assert status == 400 and said in body["error"]["message"], body
     assert server.health()["status"] == "ok"
+
+
+def _events(base: str, path: str, body: dict[str, Any]) -> list[str]:
+    """The ``data:`` payloads of a server-sent event stream, checked to be ``data: ...`` lines each
+    followed by a blank line."""
+    request = urllib.request.Request(
+        base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        text = resp.read().decode()
+    blocks = text.split("\n\n")
+    assert blocks[-1] == "" and all(b.startswith("data: ") and "\n" not in b for b in blocks[:-1]), text
+    return [b[len("data: ") :] for b in blocks[:-1]]
 
 
 def _generated(server: Server) -> int:
