@@ -352,3 +352,32 @@ def test_bad_flags_are_one_line_errors_before_the_model_loads(
         assert main(["--model", "/nonexistent/model", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
+
+
+@pytest.mark.integration
+def test_smollm2_served_answers_as_the_engine(smollm2: tuple[Any, Any], tmp_path: Path) -> None:
+    """The packaged SmolLM2 with its real chat template, through the server and the official client."""
+    model, tokenizer = smollm2
+    schedule = Schedule.paper_style("smollm2-135m", int(model.config.num_hidden_layers)).with_revival(
+        "frozen"
+    )
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    expected = LazyLLM(model, schedule, tokenizer=tokenizer).generate(messages, max_new_tokens=8)
+    args = [
+        "--model",
+        "smollm2-135m",
+        "--schedule",
+        str(schedule.save(tmp_path / "s.json")),
+        "--device",
+        "cpu",
+    ]
+    with served("lazyllm.serve", args, tmp_path / "serve.log") as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused")
+        answer = client.chat.completions.create(
+            model="smollm2-135m",
+            messages=messages,
+            max_tokens=8,
+            temperature=0,  # type: ignore[arg-type]
+        )
+    assert answer.choices[0].message.content == expected.text and expected.text.strip()
+    assert answer.usage is not None and answer.usage.prompt_tokens == expected.prompt_tokens
