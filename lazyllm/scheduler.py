@@ -144,20 +144,24 @@ class Scheduler:
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._work, name="lazyllm-engine", daemon=True)
         self._stopping = False
+        self._running: Sequence[Job] = ()
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish the running batch, fail what waits, and end the worker."""
+        """Cancel the running batch's jobs (they end at their next token), fail what waits, and end
+        the worker."""
         self._stopping = True
+        for job in self._running:
+            job.cancel()
         while True:
             try:
-                job = self._queue.get_nowait()
+                waiting = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
-                job.emit(Failed("the server is shutting down"))
+            if waiting is not None:
+                waiting.emit(Failed("the server is shutting down"))
         self._queue.put(None)
         self._thread.join(timeout)
 
@@ -213,6 +217,7 @@ class Scheduler:
         self.stats.batches += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(jobs))
         self.stats.running = len(jobs)
+        self._running = jobs
 
         def on_token(i: int, token_id: int) -> bool:
             job = jobs[i]
@@ -232,6 +237,7 @@ class Scheduler:
             return
         finally:
             self.stats.running = 0
+            self._running = ()
             self.stats.requests += len(jobs)
         for job, result in zip(jobs, results, strict=True):
             if job.cancelled or result is None:

@@ -463,7 +463,8 @@ def run(settings: ServeSettings) -> int:
     # said once at start (Served.load) instead of by generate_batch at every request of such a schedule
     warnings.filterwarnings("ignore", message=".*revive tokens while decoding")
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    # open streams get 5 s to end on Ctrl-C / SIGTERM, then the worker finishes its batch and stops
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
     return 0
 
 
