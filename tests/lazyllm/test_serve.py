@@ -335,6 +335,11 @@ def test_a_full_queue_gets_429_with_retry_after(
         running.close()  # the first client goes; the waiting one is served next
         thread.join(timeout=120)
         assert waiting and waiting[0].choices[0].finish_reason == "length"
+        # a stream still open when the server is stopped (SIGTERM) does not keep it alive
+        left_open = client.completions.create(**kwargs, max_tokens=3500, stream=True)
+        next(iter(left_open))
+    # stopped by SIGTERM, not by the SIGKILL that follows 20 s later
+    assert "Finished server process" in (tmp_path / "serve.log").read_text(), "the server was killed"
 
 
 def test_bad_flags_are_one_line_errors_before_the_model_loads(
