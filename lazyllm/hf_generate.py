@@ -188,9 +188,9 @@ def _option(name: str, kwargs: dict[str, Any], config: Any, model: Any) -> Any:
     return None
 
 
-def check_options(model: Any, kwargs: dict[str, Any]) -> None:
-    """Refuse, by name, a ``generate`` option the pruned path cannot honour (``ValueError``)."""
-    config = kwargs.get("generation_config")
+def check_options(model: Any, kwargs: dict[str, Any], config: Any = None) -> None:
+    """Refuse, by name, a ``generate`` option the pruned path cannot honour (``ValueError``);
+    ``config``: the ``GenerationConfig`` given to ``generate`` (None: the model's own)."""
     for name in _UNSUPPORTED_ARGUMENTS:
         if kwargs.get(name) is not None:
             raise ValueError(f"model.generate({name}=...) is not supported under lazyllm.apply; leave it out")
@@ -242,8 +242,8 @@ def apply(
 
     @functools.wraps(own_generate)
     def generate(*args: Any, **kwargs: Any) -> Any:
-        check_options(model, kwargs)
-        config = kwargs.get("generation_config")
+        config = args[1] if len(args) > 1 else kwargs.get("generation_config")  # generate(inputs, config)
+        check_options(model, kwargs, config)
         lengths = (_option(name, kwargs, config, model) for name in ("max_new_tokens", "max_length"))
         token = _SESSION.set(_Session(engine, *lengths))
         try:
