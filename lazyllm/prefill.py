@@ -23,7 +23,8 @@ The arithmetic is the lone prefill's on padded tensors: a batched matmul may sum
 so scores and logits agree up to float rounding, and a token can change only where two scores tie
 to rounding. A schedule that revives tokens while decoding (``dynamic``, ``budget:N``), a rule with a
 query window ``w > 1``, or prompts of which only some carry a captured prefix, prefill one prompt
-after the other (:func:`prefill_row`) with identical results.
+after the other (:func:`prefill_row`) with identical results. Batches are capped at
+:data:`PREFILL_BATCH_TOKENS` padded tokens (shortest prompts together).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers
 from lazyllm.engine import LazyLLM, PromptPrefix, select_survivors
 from lazyllm.importance import MASKED_LOGIT
 from lazyllm.schedule import num_pruned
+
+PREFILL_BATCH_TOKENS = 8192
+"""Most padded tokens (rows x longest prompt) in one batched prefill: its masks grow as ``B x L^2``,
+and a long prompt's prefill keeps the device busy alone."""
 
 KV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """One layer's stored keys ``[1, KVH, m, D]``, values (the same) and slot positions ``[m]``."""
@@ -110,9 +115,14 @@ def prefill_rows(
     *,
     prefixes: Sequence[PromptPrefix | None] | None = None,
     rooms: Sequence[int] | None = None,
+    max_tokens: int = PREFILL_BATCH_TOKENS,
 ) -> list[RowPrefill]:
-    """The pruned prefill of each prompt ``[1, n_b]`` (one engine), as one batch where the schedule
-    allows (see the module docstring), else one after the other; in order."""
+    """The pruned prefill of each prompt ``[1, n_b]`` (one engine), in order: as batches where the
+    schedule allows (see the module docstring), else one after the other.
+
+    The prompts are batched shortest first, a batch growing while ``B x L`` (rows times its longest
+    prompt: the padded tokens) stays within ``max_tokens``; a longer prompt prefills alone.
+    """
     given: list[PromptPrefix | None] = list(prefixes) if prefixes is not None else [None] * len(prompts)
     room = list(rooms) if rooms is not None else [0] * len(prompts)
     if len(given) != len(prompts) or len(room) != len(prompts):
@@ -120,7 +130,33 @@ def prefill_rows(
     mixed = any(p is None for p in given) and any(p is not None for p in given)
     if len(prompts) == 1 or mixed or not prefills_together(engine):
         return [prefill_row(engine, ids, prefix=p, room=r) for ids, p, r in zip(prompts, given, room)]
-    return _Batch(engine, list(prompts), given, room).run()
+    out: list[RowPrefill | None] = [None] * len(prompts)
+    for group in _groups([ids.shape[1] for ids in prompts], max_tokens):
+        if len(group) == 1:
+            (i,) = group
+            done = [prefill_row(engine, prompts[i], prefix=given[i], room=room[i])]
+        else:
+            pick = [prompts[i] for i in group], [given[i] for i in group], [room[i] for i in group]
+            done = _Batch(engine, *pick).run()
+        for i, row in zip(group, done):
+            out[i] = row
+    return [r for r in out if r is not None]
+
+
+def _groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices of ``lengths`` in batches, shortest first, each with ``rows x longest <= max_tokens``
+    (a prompt longer than ``max_tokens`` alone).
+
+    >>> _groups([9, 31, 17, 24], 60)
+    [[0, 2], [3], [1]]
+    """
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 @dataclass

@@ -212,7 +212,9 @@ def test_an_unsupported_option_is_refused_by_name(option: str, value: Any) -> No
     with lazyllm.apply(model, _pruned(model)):
         with pytest.raises(ValueError, match=f"{option} = {value!r} is not supported"):
             _generate(model, ids, mask, **{option: value})
-        positional = GenerationConfig(**{option: value}, pad_token_id=PAD)  # generate(inputs, config)
+        positional = GenerationConfig(
+            do_sample=True, pad_token_id=PAD, **{option: value}
+        )  # generate(inputs, config)
         with pytest.raises(ValueError, match=f"{option} = {value!r} is not supported"):
             model.generate(ids, positional, attention_mask=mask)
         with pytest.raises(ValueError, match="assistant_model"):

@@ -51,6 +51,15 @@ def test_a_batch_of_prompts_prunes_each_row_as_its_lone_prefill(tiny: Any, rule:
     assert calls == [len(prompts)]  # one pass of the whole batch, not one per prompt
     for got, ids in zip(batched, prompts):
         _assert_same(got, prefill_row(engine, ids))
+    calls.clear()
+    handle = tiny.model.layers[0].register_forward_hook(lambda _m, args, _o: calls.append(args[0].shape[0]))
+    try:
+        capped = prefill_rows(engine, prompts, max_tokens=60)  # lengths 9, 17 | 24 | 31
+    finally:
+        handle.remove()
+    assert calls == [2, 1, 1]
+    for got, ids in zip(capped, prompts):
+        _assert_same(got, prefill_row(engine, ids))
     pruned = [got.computed for got in batched]
     assert all(c < 1.0 for c in pruned) and len(set(pruned)) > 1  # rows of different lengths, pruned
 

@@ -449,8 +449,10 @@ def run_examples(
     force_own: bool = False,
 ) -> list[GenerationResult]:
     """:func:`run_example` of each run, in order; the runs of LazyLLM engines whose decoding is frozen
-    decode together, ``batch_size`` at a time (:func:`lazyllm.batch.generate_batch`: the same greedy
-    answers, without timing). Other generators run one at a time.
+    run together, ``batch_size`` at a time (:func:`lazyllm.batch.generate_batch`: prefills batched
+    per engine, steps batched; the same greedy answers up to float rounding; their times are the
+    batch's, not the example's). Runs with teacher-forced logits keep lone prefills (bit-exact
+    scores). Other generators run one at a time.
 
     ``forced`` (one answer or None per run, for LazyLLM engines): each result also carries the
     teacher-forced logits along it (``forced_logits``, :meth:`LazyLLM.forced_logits`), from the
