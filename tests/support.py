@@ -3,9 +3,11 @@ transformers' own greedy decoding, and the LongBench folder. Fixtures built on t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -270,3 +272,30 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def served(module: str, args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``python -m module args --host 127.0.0.1 --port P`` as a real server subprocess, until the block
+    ends; yields its base URL once ``/health`` answers (the server's log is in ``log``)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", module, *args, "--host", "127.0.0.1", "--port", str(port)]
+    root = str(Path(__file__).resolve().parents[1])
+    environ = {**os.environ, "PYTHONPATH": root, **(env or {})}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=root, start_new_session=True
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_for_http(base + "/health", proc, log, what=module)
+            yield base
+        finally:
+            stop_process_group(proc)

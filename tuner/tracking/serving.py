@@ -25,20 +25,21 @@ local`` in its venv).
 server passes such a body to ``predict`` whole, as a dict) is answered as OpenAI's
 ``chat.completion``: ``choices[0].message``, ``finish_reason``, ``usage`` (prompt and completion
 tokens) and a ``lazyllm`` object with the schedule's share of prompt (token, layer) pairs computed.
-Fields: ``max_tokens`` (or ``max_completion_tokens``; default 32), ``temperature`` (OpenAI's default
-1.0 samples; 0 is greedy), ``top_p``, ``stop``, ``seed``, ``n`` (1 only), and the extensions
-``top_k``, ``repetition_penalty`` and ``truncate``; ``model`` and ``user`` are ignored; any other field
-is a 400 naming it (:func:`check_chat_request`). MLflow 3's scoring server answers every request in
-one response (it has no streaming path), so ``"stream": true`` is a 400 that says so; in Python,
-``mlflow.pyfunc.load_model(uri).predict_stream(body)`` yields ``chat.completion.chunk`` dicts.
+The body is checked, and the answer built, by :mod:`lazyllm.protocol`, the same code as the
+OpenAI-compatible server's (``python -m lazyllm.serve``; ``python -m tuner.serve --model-uri
+models:/NAME@alias`` serves a registered version there): ``max_tokens`` (or ``max_completion_tokens``;
+default: the ``max_new_tokens`` param, 32), ``temperature`` (OpenAI's default 1.0 samples; 0 is
+greedy), ``top_p``, ``stop``, ``seed``, ``n`` (1 only), and the extensions ``top_k`` and
+``repetition_penalty``, plus MLflow's param ``truncate``; ``model`` and ``user`` are ignored; any other
+field is a 400 naming it (:func:`check_chat_request`). MLflow 3's scoring server answers every
+request in one response (it has no streaming path), so ``"stream": true`` is a 400 that says so; in
+Python, ``mlflow.pyfunc.load_model(uri).predict_stream(body)`` yields ``chat.completion.chunk`` dicts.
 The input schema is left unset for this reason: with one, MLflow would cut a chat body down to its
 ``messages`` column before ``predict`` saw the other fields.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,9 +48,9 @@ from typing import Any
 
 import pandas as pd
 
-from lazyllm.sampling import Sampling
+from lazyllm import protocol
+from lazyllm.protocol import ChatRequest
 from lazyllm.schedule import Schedule
-from lazyllm.text import check_messages
 
 MODEL_CODE = Path(__file__).resolve().with_name("pyfunc_model.py")
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -148,100 +149,24 @@ def check_request(params: dict[str, Any] | None) -> Request:
     return Request(max_new, **flags)
 
 
-CHAT_FIELDS = ("messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-               "repetition_penalty", "seed", "stop", "n", "stream", "model", "user")  # fmt: skip
-# OpenAI fields accepted only at the value that means "off"
-_CHAT_OFF: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
-    "stream_options": (),
-}
-_FINISH = {"eos": "stop", "stop_string": "stop", "length": "length"}
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """An OpenAI chat-completions request, checked (see the module docstring).
-
-    Attributes:
-        messages: the conversation, as the chat template takes it.
-        max_tokens: at most this many new tokens.
-        sampling: the decoding strategy (``temperature`` 0: greedy).
-        stop: stop strings.
-        truncate: cut an over-long prompt in the middle instead of refusing it.
-    """
-
-    messages: tuple[dict[str, str], ...]
-    max_tokens: int
-    sampling: Sampling
-    stop: tuple[str, ...] = ()
-    truncate: bool = False
-
-
-def _number(body: dict[str, Any], name: str, default: float) -> float:
-    value = body.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _bad_request(f"{name} = {value!r}: must be a number")
-    return float(value)
-
-
-def _integer(body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
-    value = body.get(name, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _bad_request(f"{name} = {value!r}: must be an integer >= {low}")
-    return value
-
-
-def check_chat_request(body: dict[str, Any], params: dict[str, Any] | None = None) -> ChatRequest:
-    """An OpenAI chat body (plus MLflow's params: ``max_new_tokens`` as the default length, ``truncate``)
-    as a :class:`ChatRequest`; anything wrong is a 400 naming the field."""
-    body = {k: v for k, v in body.items() if v is not None}  # None: the default, as OpenAI reads it
+def check_chat_request(
+    body: dict[str, Any], params: dict[str, Any] | None = None, *, streaming: bool = False
+) -> tuple[ChatRequest, bool]:
+    """An OpenAI chat body, checked by :func:`lazyllm.protocol.check_chat_request` (MLflow's params:
+    ``max_new_tokens`` as the default length, ``truncate``), and whether to truncate; anything wrong
+    is a 400 naming the field. ``"stream": true`` is refused unless ``streaming`` (``predict_stream``)."""
     request = check_request(params)
-    unknown = sorted(set(body) - set(CHAT_FIELDS) - set(_CHAT_OFF))
-    if unknown:
-        raise _bad_request(f"unsupported fields {unknown}; supported: {', '.join(CHAT_FIELDS)}")
-    for name, off in _CHAT_OFF.items():
-        if name in body and body[name] not in off and name != "stream_options":
-            raise _bad_request(f"{name} = {body[name]!r} is not supported; leave it out")
-    if body.get("stream", False) is not False:
+    try:
+        chat = protocol.check_chat_request(body, default_max_tokens=request.max_new_tokens)
+    except protocol.APIError as exc:
+        raise _bad_request(str(exc)) from None
+    if chat.decoding.stream and not streaming:
         raise _bad_request(
             "stream = true: `mlflow models serve` answers every request in one response (MLflow's scoring "
-            "server has no streaming); leave stream out, or call predict_stream on the loaded model"
+            "server has no streaming); leave stream out, call predict_stream on the loaded model, or "
+            "serve with python -m tuner.serve for OpenAI streaming"
         )
-    if _integer(body, "n", 1, 1) != 1:
-        raise _bad_request(f"n = {body['n']!r}: only one choice per request (n = 1)")
-    try:
-        messages = tuple(check_messages(body.get("messages")))  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise _bad_request(str(exc)) from None
-    if "max_tokens" in body and "max_completion_tokens" in body:
-        raise _bad_request("give max_tokens or max_completion_tokens, not both")
-    length = body.get("max_completion_tokens", body.get("max_tokens", request.max_new_tokens))
-    max_tokens = _integer({"max_tokens": length}, "max_tokens", None, 1)
-    stop = body.get("stop", ())
-    stop = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
-        raise _bad_request(f"stop = {body.get('stop')!r}: must be a non-empty string or a list of them")
-    temperature = _number(body, "temperature", 1.0)
-    if not 0 <= temperature <= 2:
-        raise _bad_request(f"temperature = {temperature}: must be in [0, 2] (0 is greedy)")
-    try:
-        sampling = Sampling(
-            do_sample=temperature > 0,
-            temperature=temperature if temperature > 0 else 1.0,
-            top_p=_number(body, "top_p", 1.0),
-            top_k=_integer(body, "top_k", 0, 0) or 0,  # OpenAI has no top-k: off unless asked
-            repetition_penalty=_number(body, "repetition_penalty", 1.0),
-            seed=_integer(body, "seed", None, 0),
-        )
-    except ValueError as exc:
-        raise _bad_request(str(exc)) from None
-    assert max_tokens is not None
-    return ChatRequest(messages, max_tokens, sampling, tuple(stop), request.truncate)
+    return chat, request.truncate
 
 
 class ScheduleModel:
@@ -281,48 +206,32 @@ class ScheduleModel:
                 'shorten it, or pass params {"truncate": true} to cut it in the middle'
             )
 
-    def _chat_prompt(self, request: ChatRequest) -> int:
+    def _chat_prompt(self, chat: ChatRequest, truncate: bool) -> int:
         """The prompt length of a chat request, checked against the context."""
         from lazyllm.text import encode_prompt
 
         if not getattr(self.llm.tokenizer, "chat_template", None):
             raise _bad_request("messages need a chat template, and the base model's tokenizer has none")
-        n = int(encode_prompt(self.llm.tokenizer, list(request.messages)).shape[1])
-        self.check_lengths([n], request.max_tokens, request.truncate)
+        n = int(encode_prompt(self.llm.tokenizer, list(chat.messages)).shape[1])
+        self.check_lengths([n], chat.decoding.max_tokens, truncate)
         return n
 
-    def _chat_extras(self, result: Any, n: int) -> dict[str, Any]:
-        return {
-            "usage": {
-                "prompt_tokens": result.prompt_tokens,
-                "completion_tokens": len(result.token_ids),
-                "total_tokens": result.prompt_tokens + len(result.token_ids),
-            },
-            "lazyllm": {
-                "prompt_computed_fraction": result.prompt_computed_fraction,
-                "revival": result.revival,
-                "scoring": result.scoring,
-                "ttft_s": result.ttft_s,
-                "truncated_from": n if result.prompt_tokens < n else None,
-            },
-        }
+    def _generate(self, chat: ChatRequest, stream: bool) -> Any:
+        decoding = chat.decoding
+        call = self.llm.stream if stream else self.llm.generate
+        return call(
+            list(chat.messages), max_new_tokens=decoding.max_tokens, stop_strings=decoding.stop,
+            generation_config=decoding.sampling,
+        )  # fmt: skip
 
-    def _chat_head(self, kind: str) -> dict[str, Any]:
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
-                "model": self.llm.schedule.model}  # fmt: skip
-
-    def chat_completion(self, request: ChatRequest) -> dict[str, Any]:
+    def chat_completion(self, chat: ChatRequest, truncate: bool = False) -> dict[str, Any]:
         """OpenAI's ``chat.completion`` object for one checked request."""
-        n = self._chat_prompt(request)
+        n = self._chat_prompt(chat, truncate)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cut in the middle")  # said in the answer instead
-            result = self.llm.generate(
-                list(request.messages), max_new_tokens=request.max_tokens, stop_strings=request.stop,
-                generation_config=request.sampling,
-            )  # fmt: skip
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                  "finish_reason": _FINISH[result.finish_reason]}  # fmt: skip
-        return {**self._chat_head("chat.completion"), "choices": [choice], **self._chat_extras(result, n)}
+            result = self._generate(chat, stream=False)
+        head = protocol.ResponseHead.new("chatcmpl", self.llm.schedule.model)
+        return protocol.chat_completion(head, result, result.text, _extension(result, n))
 
     def predict_stream(
         self, context: Any, model_input: dict[str, Any], params: dict[str, Any] | None = None
@@ -331,21 +240,17 @@ class ScheduleModel:
         first carries the role, each a piece of text, the last the finish reason, usage and ``lazyllm``."""
         if not (isinstance(model_input, dict) and "messages" in model_input):
             raise _bad_request('predict_stream takes an OpenAI chat body: {"messages": [...], ...}')
-        request = check_chat_request({**model_input, "stream": False}, params)
-        n = self._chat_prompt(request)
-        head = self._chat_head("chat.completion.chunk")
+        chat, truncate = check_chat_request(model_input, params, streaming=True)
+        n = self._chat_prompt(chat, truncate)
+        chunks = protocol.Chunks(protocol.ResponseHead.new("chatcmpl", self.llm.schedule.model), chat=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cut in the middle")
-            stream = self.llm.stream(
-                list(request.messages), max_new_tokens=request.max_tokens, stop_strings=request.stop,
-                generation_config=request.sampling,
-            )  # fmt: skip
+            stream = self._generate(chat, stream=True)
             for i, piece in enumerate(stream):
-                delta = {"role": "assistant", "content": piece} if i == 0 else {"content": piece}
-                yield {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+                yield chunks.piece(piece, first=i == 0)
         result = stream.result
-        last = {"index": 0, "delta": {}, "finish_reason": _FINISH[result.finish_reason]}
-        yield {**head, "choices": [last], **self._chat_extras(result, n)}
+        last = chunks.finish(result.finish_reason)
+        yield {**last, "usage": protocol.usage(result), "lazyllm": _extension(result, n)}
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
         """One generated text per prompt (MLflow passes an array or a DataFrame; lists work too); with
@@ -354,7 +259,7 @@ class ScheduleModel:
         from lazyllm.text import encode_prompt
 
         if isinstance(model_input, dict) and "messages" in model_input:
-            return self.chat_completion(check_chat_request(model_input, params))
+            return self.chat_completion(*check_chat_request(model_input, params))
         request = check_request(params)
         prompts = _prompts(model_input)
         chat = request.chat
@@ -374,6 +279,11 @@ class ScheduleModel:
         if request.truncate:
             return records
         return [r["text"] for r in records]
+
+
+def _extension(result: Any, n: int) -> dict[str, Any]:
+    """The ``lazyllm`` object, with ``truncated_from`` (the prompt's length before a cut, else None)."""
+    return protocol.lazyllm_fields(result, truncated_from=n if result.prompt_tokens < n else None)
 
 
 def python_model() -> Any:
