@@ -53,7 +53,7 @@ def summary_lines(outcome: StudyOutcome) -> list[str]:
         out += [f"  {verdict(c)}" for c in outcome.heldout.comparisons]
     if outcome.decision:
         out += ["", outcome.decision]
-    power = outcome.power_line()
+    power = outcome.power
     if power is not None:
         out += ["", power]
     if points != "score points":  # the stages' own sentences (reasons, verdicts) in the study's points

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tuner.stages.decision import Certainty, Decision, TrialTiming, decide
+from tuner.stages.decision import Certainty, Decision, TrialTiming, certainty, decide
 from tuner.statistics.calibration import LINEAR, Calibration
 from tuner.study.outcome import StudyOutcome
 
@@ -235,3 +235,50 @@ def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
     the study's points (agreement points for a prompts file without answers)."""
     text = paragraph(decide(outcome, timing))
     return text if outcome.points == "score points" else text.replace("score points", outcome.points)
+
+
+def power_line(outcome: StudyOutcome) -> str | None:
+    """What the validation prompts certify for the recommendation (the calibration's bound at
+    ``--confidence``, :func:`tuner.stages.decision.certainty`) and how many would certify the
+    budget; None without a calibrated, pruning recommendation."""
+    best, conf = outcome.recommended, outcome.confirmation
+    if best is None or conf is None or conf.calibration is None:
+        return None
+    what = "prompts" if outcome.identity.task_fingerprint is not None else "examples"
+    kl = best.values[1] if conf.fresh is None else conf.fresh.judged(best.number, best.values[1])
+    c = certainty(kl, conf.calibration, outcome.task_budget)
+    if c is None:  # keep-all: what the prompts say of the next faster schedule
+        return _next_power(outcome, what)
+    if c.no_cost:
+        return (
+            f"Power: the calibration saw no cost of KL on your {c.n_examples} validation {what} (its "
+            f"{c.confidence:.0%} slope bound is {c.slope_upper:.3g}); more {what} would measure one"
+        )
+    text = (
+        f"Power: your {c.n_examples} validation {what} certify a budget of {c.upper:.2f} {outcome.points} "
+        f"for the recommendation ({c.confidence:.0%} bound)"
+    )
+    if c.certified:
+        return text + f", within the {outcome.task_budget:g} asked"
+    if c.examples_needed is not None:
+        return text + f"; about {c.examples_needed} would certify {outcome.task_budget:g}"
+    return text + f"; no number of {what} certifies {outcome.task_budget:g} at its predicted loss"
+
+
+def _next_power(outcome: StudyOutcome, what: str) -> str | None:
+    """The power line of a study that recommends keep-all: the next faster schedule's bound and
+    how many prompts would certify it (:func:`tuner.stages.decision.decide`)."""
+    d = decide(outcome, TrialTiming(0, 0, None, None))  # the timing is not read here
+    nxt, p, cal = d.next_faster, d.prediction, d.calibration
+    if nxt is None or p is None or cal is None or p.no_cost:
+        return None
+    text = (
+        f"Power: your {cal.n_examples} validation {what} bound the next faster schedule (trial {nxt.trial}, "
+        f"{nxt.speedup:.2f}x) at {p.upper:.2f} {outcome.points} ({p.level:.0%})"
+    )
+    if p.upper <= outcome.task_budget:
+        return text + f", within the {outcome.task_budget:g} asked ({d.decided})"
+    text += f", over the {outcome.task_budget:g} asked"
+    if d.examples_needed is not None:
+        return text + f"; about {d.examples_needed} would certify it within {outcome.task_budget:g}"
+    return text + f"; its estimate, {p.estimate:.2f}, is over it: no number of {what} would certify it"

@@ -49,6 +49,7 @@ class StudyOutcome:
     heldout: HeldoutReport | None = None
     decision: str = ""
     notes: tuple[str, ...] = ()
+    power: str | None = None
 
     @classmethod
     def from_study(
@@ -98,55 +99,6 @@ class StudyOutcome:
                 "against the unpruned model's own greedy answer with the row's metric; 100 = the same answers)"
             )
         return f"Budget: {self.task_budget:g} score points (the task metric against the gold answers)"
-
-    def power_line(self) -> str | None:
-        """What the validation prompts certify for the recommendation (the calibration's bound at
-        ``--confidence``, :func:`tuner.stages.decision.certainty`) and how many would certify the
-        budget; None without a calibrated, pruning recommendation."""
-        from tuner.stages.decision import certainty  # decision imports this module
-
-        best, conf = self.recommended, self.confirmation
-        if best is None or conf is None or conf.calibration is None:
-            return None
-        what = "prompts" if self.identity.task_fingerprint is not None else "examples"
-        kl = best.values[1] if conf.fresh is None else conf.fresh.judged(best.number, best.values[1])
-        c = certainty(kl, conf.calibration, self.task_budget)
-        if c is None:  # keep-all: what the prompts say of the next faster schedule
-            return self._next_power(what)
-        if c.no_cost:
-            return (
-                f"Power: the calibration saw no cost of KL on your {c.n_examples} validation {what} (its "
-                f"{c.confidence:.0%} slope bound is {c.slope_upper:.3g}); more {what} would measure one"
-            )
-        text = (
-            f"Power: your {c.n_examples} validation {what} certify a budget of {c.upper:.2f} {self.points} "
-            f"for the recommendation ({c.confidence:.0%} bound)"
-        )
-        if c.certified:
-            return text + f", within the {self.task_budget:g} asked"
-        if c.examples_needed is not None:
-            return text + f"; about {c.examples_needed} would certify {self.task_budget:g}"
-        return text + f"; no number of {what} certifies {self.task_budget:g} at its predicted loss"
-
-    def _next_power(self, what: str) -> str | None:
-        """The power line of a study that recommends keep-all: the next faster schedule's bound and
-        how many prompts would certify it (:func:`tuner.stages.decision.decide`)."""
-        from tuner.stages.decision import TrialTiming, decide
-
-        d = decide(self, TrialTiming(0, 0, None, None))  # the timing is not read here
-        nxt, p, cal = d.next_faster, d.prediction, d.calibration
-        if nxt is None or p is None or cal is None or p.no_cost:
-            return None
-        text = (
-            f"Power: your {cal.n_examples} validation {what} bound the next faster schedule (trial {nxt.trial}, "
-            f"{nxt.speedup:.2f}x) at {p.upper:.2f} {self.points} ({p.level:.0%})"
-        )
-        if p.upper <= self.task_budget:
-            return text + f", within the {self.task_budget:g} asked ({d.decided})"
-        text += f", over the {self.task_budget:g} asked"
-        if d.examples_needed is not None:
-            return text + f"; about {d.examples_needed} would certify it within {self.task_budget:g}"
-        return text + f"; its estimate, {p.estimate:.2f}, is over it: no number of {what} would certify it"
 
     @property
     def complete(self) -> list[TrialRecord]:
@@ -240,7 +192,7 @@ class StudyOutcome:
                 meta["decision"] = self.decision
         meta["budget"] = {"kind": self.budget_kind, "points": self.task_budget, "unit": self.points}
         meta["budget"]["text"] = self.budget_line()
-        power = self.power_line() if best is not None and record.number == best.number else None
+        power = self.power if best is not None and record.number == best.number else None
         if power is not None:
             meta["budget"]["power"] = power
         if self.notes:

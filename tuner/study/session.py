@@ -27,7 +27,7 @@ from tuner.data.prompts import heldout_note
 from tuner.evaluation.runner import Evaluator
 from tuner.redact import redact_url
 from tuner.report.console import summary_lines
-from tuner.report.decision import explain, timing_sentence
+from tuner.report.decision import explain, power_line, timing_sentence
 from tuner.report.files import write_outcome
 from tuner.stages.confirm import confirm
 from tuner.stages.decision import TrialTiming
@@ -245,6 +245,7 @@ def conclude(session: Session) -> StudyOutcome:
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
     timing = TrialTiming.of(study, settings.n_trials, settings.trials_timeout)
     outcome = dataclasses.replace(outcome, decision=explain(outcome, timing))
+    outcome = dataclasses.replace(outcome, power=power_line(outcome))
     prompts = settings.prompts_file
     note = "" if prompts is None or settings.heldout else heldout_note(prompts, settings.split_seed)
     if note:  # --no-heldout on a file too small for a check: the report says why there is none

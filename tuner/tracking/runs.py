@@ -360,7 +360,7 @@ class Tracker:
         self.client.set_tag(self.parent_id, "lazyllm.accuracy_loss_unit", outcome.search_loss.unit)
         self.client.set_tag(self.parent_id, "lazyllm.budget_kind", outcome.budget_kind)  # gold or agreement
         self.client.set_tag(self.parent_id, "lazyllm.budget", outcome.budget_line()[:5000])
-        power = outcome.power_line()
+        power = outcome.power
         if power is not None:  # what the validation prompts certify, and how many would certify the budget
             self.client.set_tag(self.parent_id, "lazyllm.power", power[:5000])
         for note in outcome.notes:

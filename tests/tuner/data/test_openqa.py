@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -421,11 +422,11 @@ def test_build_examples_for_the_openqa_task(folder: Path, tokenizer: Any, tmp_pa
     copy.mkdir()
     for name in FILES.values():
         (copy / name).write_text((folder / name).read_text())
-    assert data_fingerprint(config.__class__(**{**config.__dict__, "openqa_dir": str(copy)})) == before
+    assert data_fingerprint(dataclasses.replace(config, openqa_dir=str(copy))) == before
     (copy / FILES["squad-long"]).write_text(
         (folder / FILES["squad-long"]).read_text().replace("Article_3", "Article_9")
     )
-    assert data_fingerprint(config.__class__(**{**config.__dict__, "openqa_dir": str(copy)})) != before
+    assert data_fingerprint(dataclasses.replace(config, openqa_dir=str(copy))) != before
 
 
 def test_real_shared_files(tokenizer: Any) -> None:

@@ -13,6 +13,7 @@ import pytest
 from tuner.data.longbench import FILE_DATASET, is_prompts_path, resolve_task, split_records
 from tuner.data.metrics import METRICS, agreement_score
 from tuner.data.prompts import MIN_SPLIT, check_splits, heldout_note, load_prompts_file
+from tuner.report.decision import power_line
 from tuner.search import main as search
 from tuner.search import parse_settings
 
@@ -295,19 +296,19 @@ def test_the_power_line_says_what_the_prompts_certify_and_how_many_would_certify
 
     outcome = decision_outcome(0.4, 8.0, 10.0, 0.5, at_90=25.0)  # KL 0.1: predicted 0.8, bound 2.5 at 90%
     need = math.ceil(13 * ((2.5 - 0.8) / (2.0 - 0.8)) ** 2)
-    assert outcome.power_line() == (
+    assert power_line(outcome) == (
         "Power: your 13 validation examples certify a budget of 2.50 score points for the recommendation "
         f"(90% bound); about {need} would certify 2"
     )
     assert outcome.confirmation.calibration.examples_to_certify(0.1, 2.0, at_confidence=True) == need
     certified = decision_outcome(0.4, 8.0, 10.0, 0.5, at_90=15.0)
-    assert certified.power_line() == (
+    assert power_line(certified) == (
         "Power: your 13 validation examples certify a budget of 1.50 score points for the recommendation "
         "(90% bound), within the 2 asked"
     )
     identity = dataclasses.replace(outcome.identity, budget_kind="agreement", task_fingerprint="abc/cut")
     agreement = dataclasses.replace(outcome, identity=identity)
-    line = agreement.power_line()
+    line = power_line(agreement)
     assert line is not None and "your 13 validation prompts certify a budget of 2.50 agreement points" in line
     assert agreement.budget_line().startswith("Budget: 2 agreement points (no gold answers")
 
@@ -327,7 +328,7 @@ def test_a_keep_all_recommendation_gets_the_power_line_of_the_next_faster_schedu
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
     assert outcome.recommended is not None and outcome.recommended.number == 0
     need = math.ceil(13 * ((2.5 - 1.5) / (2.0 - 1.5)) ** 2)
-    assert outcome.power_line() == (
+    assert power_line(outcome) == (
         "Power: your 13 validation examples bound the next faster schedule (trial 1, 1.40x) at 2.50 score "
         f"points (60%), over the 2 asked; about {need} would certify it within 2"
     )

@@ -26,10 +26,11 @@ from tuner.study.settings import EvalSettings
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_forced_logits_reproduce_generate(arch: str) -> None:
-    """Forced along its own greedy answer, a pruned engine gives generate's per-step logits exactly."""
+    """Forced along its own greedy answer, a pruned engine that revives tokens gives generate's
+    per-step logits exactly (step by step, the same passes; frozen decoding: the next test)."""
     model = make_tiny(arch)
     layers = model.config.num_hidden_layers
-    sched = Schedule.from_layers("tiny", layers, {1: 50, 3: 40})
+    sched = Schedule.from_layers("tiny", layers, {1: 50, 3: 40}).with_revival("dynamic")
     engine = LazyLLM(model, sched, strict_model_name=False)
     ids = prompt(40, seed=1)
     out = engine.generate(ids, max_new_tokens=6, eos_token_id=[], return_logits=True)
