@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import sys
@@ -456,6 +457,16 @@ def settings_from_args(args: argparse.Namespace, **given: Any) -> ServeSettings:
     return ServeSettings(**{**values, **given})
 
 
+def _log_config() -> dict[str, Any]:
+    """uvicorn's logging, with access lines formatted as plain messages: uvicorn 0.55 logs each access
+    line already formatted, which its own AccessFormatter (expecting five arguments) fails on."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["access"] = dict(config["formatters"]["default"])
+    return config
+
+
 def run(settings: ServeSettings) -> int:
     """Load, then serve until interrupted (uvicorn, one process: the worker thread owns the model)."""
     import uvicorn
@@ -464,7 +475,14 @@ def run(settings: ServeSettings) -> int:
     warnings.filterwarnings("ignore", message=".*revive tokens while decoding")
     app = create_app(settings)
     # open streams get 5 s to end on Ctrl-C / SIGTERM, then the worker finishes its batch and stops
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        log_config=_log_config(),
+        timeout_graceful_shutdown=5,
+    )
     return 0
 
 
