@@ -21,7 +21,8 @@ other; every request is a different LongBench context (multi_news) cut to ``--pr
 asking for at most ``--max-tokens`` greedy tokens. Per (target, N): requests per second and output
 tokens per second over the wall time from the first request to the last answer, TTFT p50/p95 (time
 to the first streamed text chunk, measured by the client), and for the server's targets the mean
-batch size its answers report. One warm-up request per target is not counted.
+batch size its answers report. Untimed warm-up per target: one request, then one round at each
+client count (the first batch of a size pays one-off set-up that would swamp the rows).
 
 Rows go to ``--out`` (one JSON file per date and device, rewritten on a rerun) and a markdown table
 is printed. Timing on a shared machine measures the machine's load as well: say so with the numbers.
@@ -247,6 +248,8 @@ def main() -> None:
 
     def measure(target: str, ask: Callable[[str], Answer]) -> None:
         ask(warm)
+        for n in args.clients:  # untimed: the first batch of each size pays one-off kernel set-up
+            drive(ask, [warm] * n, n, 1)
         for n in args.clients:
             wall, answers = drive(ask, texts, n, args.requests)
             batches = [a.batch_size for a in answers if a.batch_size is not None]
