@@ -147,7 +147,7 @@ def _task_records(
             yield spec, chosen, prompts
 
 
-def _row_ids(config: EvalSettings, tokenizer: Any, row: PromptRow, has_chat: bool, where: str) -> list[int]:
+def row_ids(config: EvalSettings, tokenizer: Any, row: PromptRow, has_chat: bool, where: str) -> list[int]:
     """A prompts file's row as model input: a string prompt as one user turn (LongBench's encoding:
     cut in the middle, then the chat template where the model has one), chat messages through the
     chat template (without one: their contents, a blank line apart); a prompt over
@@ -195,7 +195,7 @@ def file_examples(config: EvalSettings, tokenizer: Any) -> list[Example]:
             Example(
                 dataset=FILE_DATASET,
                 record_id=row.id,
-                input_ids=tuple(_row_ids(config, tokenizer, row, has_chat, prompts.name)),
+                input_ids=tuple(row_ids(config, tokenizer, row, has_chat, prompts.name)),
                 answers=row.answers,
                 all_classes=None,
                 max_new_tokens=limit,

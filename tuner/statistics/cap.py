@@ -33,7 +33,7 @@ per dataset sits well above its estimate (docs/tuning.md#the-search-cap): the ma
 whose *estimate* is at the prior's budget KL feasible, and the sampler still learns that KL well past
 it is out."""
 
-CAP_SOURCES = ("max_kl", "prior", "constant")
+CAP_SOURCES = ("max_kl", "prior", "constant", "agreement")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ class SearchCap:
     Attributes:
         nats: the cap.
         source: ``max_kl`` (the user's ``--max-kl``), ``prior`` (the model's slope prior, with
-            :data:`CAP_MARGIN`) or ``constant`` (:data:`KL_PER_POINT` per point: no evidence).
+            :data:`CAP_MARGIN`), ``constant`` (:data:`KL_PER_POINT` per point: no evidence) or
+            ``agreement`` (an agreement budget: :data:`KL_PER_POINT` per gold point it corresponds to,
+            :func:`agreement_cap`).
         prior: the prior's id when ``source`` is ``prior``.
     """
 
@@ -65,6 +67,10 @@ class SearchCap:
             "max_kl": "--max-kl",
             "prior": f"the slope prior {self.prior}: the KL it predicts to lose {CAP_MARGIN:g}x the budget",
             "constant": f"no calibration known for the model: {KL_PER_POINT:g} nats per point of budget",
+            "agreement": (
+                f"an agreement budget: {KL_PER_POINT:g} nats per gold point it corresponds to; no agreement "
+                "calibration is packaged"
+            ),
         }[self.source]
         return f"{self.nats:.4f} nats ({why})"
 
@@ -82,3 +88,12 @@ def search_cap(max_accuracy_loss: float, max_kl: float | None, prior: SlopePrior
         nats = (CAP_MARGIN * max_accuracy_loss / prior.slope) ** (1.0 / prior.exponent)
         return SearchCap(nats, "prior", prior.id)
     return SearchCap(KL_PER_POINT * max_accuracy_loss, "constant")
+
+
+def agreement_cap(gold_points: float) -> SearchCap:
+    """The fidelity cap of a search budgeted in agreement points (a prompts file without answers) where
+    no ``--max-kl`` is given: :data:`KL_PER_POINT` nats per gold point of the budget's gold equivalent
+    (``gold_points``, from the agreement/gold line of ``benchmarks/agreement_vs_gold.py``). The packaged
+    slope priors are in gold points at zero intercept, and agreement loss is not (it has a large
+    intercept), so they do not convert it: the constant stays, and the report says so."""
+    return SearchCap(KL_PER_POINT * gold_points, "agreement")

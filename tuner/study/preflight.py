@@ -24,7 +24,7 @@ from lazyllm.schedule import Schedule
 from tuner.study.context import check_context
 
 if TYPE_CHECKING:
-    from tuner.study.settings import EvaluateSettings, SearchSettings
+    from tuner.study.settings import EvalSettings, EvaluateSettings, SearchSettings
 
 
 def check_tracking(uri: str) -> None:
@@ -48,6 +48,8 @@ def check_search(settings: SearchSettings) -> None:
     prompts = settings.prompts_file  # a prompts file: read and every row checked, before any state
     if prompts is not None:
         check_splits(prompts, settings.split_seed, settings.heldout)  # enough for a held-out check
+        if settings.long_prompts == "refuse":
+            check_prompt_lengths(settings)
     # the model's context, when its config is on disk (else tuner.evaluation.runner.Evaluator checks the loaded one)
     check_context(settings.max_prompt_tokens, settings.max_new_tokens, _local_context(settings.model))
     resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
@@ -68,6 +70,30 @@ def check_search(settings: SearchSettings) -> None:
             check_tracking_store(default_tracking_uri(settings), folder=False)
     elif settings.register is not None:
         raise ValueError("--register needs MLflow tracking; drop --tracking-uri none or --register")
+
+
+def check_prompt_lengths(settings: EvalSettings) -> None:
+    """``--long-prompts refuse``: every row of the prompts file (both splits: the file is the workload)
+    encoded as the evaluation encodes it, the first one over ``--max-prompt-tokens`` refused with its
+    row, before the study folder exists. Needs only the tokenizer; one that cannot load (a hub id
+    offline) is left to the model load, which fails with its own message."""
+    from transformers import AutoTokenizer
+
+    from lazyllm.models import resolve
+    from tuner.evaluation.runner import row_ids
+
+    prompts = settings.prompts_file
+    assert prompts is not None, "check_prompt_lengths needs a prompts file task"
+    source, local = resolve(settings.model)  # a name that is no model: its own one-line error
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, local_files_only=local, trust_remote_code=settings.trust_remote_code
+        )
+    except OSError:
+        return
+    has_chat = bool(getattr(tokenizer, "chat_template", None))
+    for row in prompts.rows:
+        row_ids(settings, tokenizer, row, has_chat, prompts.name)
 
 
 def _local_context(model: str) -> int | None:

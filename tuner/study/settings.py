@@ -47,7 +47,7 @@ from tuner.data.prompts import (
 )
 from tuner.evaluation.speed import CLOCKS
 from tuner.statistics.calibration import LINEAR, check_exponent
-from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, SearchCap, search_cap
+from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, SearchCap, agreement_cap, search_cap
 from tuner.statistics.prior import SlopePrior
 from tuner.statistics.prior import resolve as resolve_prior
 from tuner.study.samplers import check_sampler, sampler_names
@@ -273,7 +273,7 @@ class SearchSettings(EvalSettings):
         metadata=_help(
             "loss budget in score points (confirmation, recommended.json) (default: 2.0; for a prompts "
             f"file without answers, {AGREEMENT_BUDGET:g} agreement points, with --calibration-exponent "
-            f"{AGREEMENT_EXPONENT:g} and --max-kl of 2 gold points by default, docs/statistics.md)"
+            f"{AGREEMENT_EXPONENT:g} and a search cap of the gold points it corresponds to, docs/statistics.md)"
         ),
     )
     # benchmarks/objective_noise.py: fidelity is the more reliable signal per CPU second (docs/benchmarks.md)
@@ -487,11 +487,11 @@ class SearchSettings(EvalSettings):
     def cap(self) -> SearchCap | None:
         """A fidelity search's cap (:func:`tuner.statistics.cap.search_cap`: ``max_kl``, else from
         :attr:`prior`, else the constant); None for a score search."""
-        return (
-            search_cap(self.max_accuracy_loss, self.max_kl, self.prior)
-            if self.accuracy == "fidelity"
-            else None
-        )
+        if self.accuracy != "fidelity":
+            return None
+        if self.max_kl is None and self.budget_kind == "agreement" and self.prior is None:
+            return agreement_cap(self.max_accuracy_loss * GOLD_PER_AGREEMENT_POINT)
+        return search_cap(self.max_accuracy_loss, self.max_kl, self.prior)
 
     @property
     def search_cap(self) -> float | None:
@@ -737,13 +737,11 @@ def _agreement_defaults(cls: type[EvalSettings], values: dict[str, Any]) -> None
     """The defaults of a study budgeted in agreement points, where neither preset nor flag set them
     (benchmarks/agreement_vs_gold.py, docs/statistics.md): the budget that corresponds to 2 gold points,
     the square-root calibration (agreement loss against KL is concave: a straight line fits it worse
-    than its mean), and the search's KL cap of that gold budget."""
+    than its mean); the search's KL cap of that gold budget is :attr:`SearchSettings.cap`'s."""
     mine = _field_names(cls)
     values.setdefault("max_accuracy_loss", AGREEMENT_BUDGET)
     if "calibration_exponent" in mine:
         values.setdefault("calibration_exponent", AGREEMENT_EXPONENT)
-    if "max_kl" in mine and values.get("accuracy", "fidelity") == "fidelity" and "max_kl" not in values:
-        values["max_kl"] = KL_PER_POINT * GOLD_PER_AGREEMENT_POINT * values["max_accuracy_loss"]
 
 
 def settings_from_flags(args: Any, cls: type[S]) -> S:

@@ -267,6 +267,31 @@ def test_long_prompts_are_cut_in_the_middle_or_refused_naming_the_row(
     assert list(ids) == list(want)  # the messages through the model's chat template, as given
 
 
+def test_refused_long_prompts_stop_the_cli_before_the_study_folder_exists(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"id": f"s{i}", "prompt": f"short {i}?"} for i in range(60)]  # >= 10 in each split
+    rows.insert(17, {"id": "long", "prompt": " ".join(f"word{i}" for i in range(400))})
+    (tmp_path / "mixed.jsonl").write_text(_jsonl(rows))
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "--task",
+        "mixed.jsonl",
+        "--model",
+        str(tiny_folder),
+        "--max-prompt-tokens",
+        "64",
+        "--n-trials",
+        "1",
+    ]
+    assert search([*args, "--long-prompts", "refuse"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mixed.jsonl"]  # no runs/ folder
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and "mixed.jsonl: row 18 (id 'long') is longer than --max-prompt-tokens 64" in err[0]
+    ), err
+
+
 def test_a_rows_metric_scores_it_and_gold_rows_ignore_the_unpruned_answer() -> None:
     from tuner.data.metrics import rouge_score
     from tuner.evaluation.runner import Example, score_prediction

@@ -68,6 +68,31 @@ def test_without_evidence_the_constant_and_with_max_kl_the_users_cap() -> None:
     assert search_cap(2.0, None, None).text().startswith("0.6000 nats (no calibration known")
 
 
+def test_an_agreement_budget_caps_at_the_gold_points_it_corresponds_to(tmp_path: Path) -> None:
+    """A prompts file without answers: 20 agreement points are 2 gold points, capped at the constant
+    per gold point with its own source (no agreement calibration is packaged); --max-kl still wins."""
+    from tuner.data.prompts import AGREEMENT_BUDGET, GOLD_PER_AGREEMENT_POINT
+    from tuner.study.settings import resolve_settings
+
+    task = tmp_path / "mine.jsonl"
+    task.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"q {i}?"}) + "\n" for i in range(30)))
+    mine = resolve_settings(None, {"task": str(task)}, SearchSettings)
+    assert (
+        mine.budget_kind == "agreement" and mine.max_accuracy_loss == AGREEMENT_BUDGET and mine.max_kl is None
+    )
+    gold = AGREEMENT_BUDGET * GOLD_PER_AGREEMENT_POINT
+    assert mine.cap == SearchCap(KL_PER_POINT * gold, "agreement")
+    assert mine.cap.text().startswith(f"{KL_PER_POINT * gold:.4f} nats (an agreement budget")
+    assert Budget.from_settings(StudyIdentity.from_dict(mine.study_identity())).cap == mine.cap
+    assert resolve_settings(None, {"task": str(task), "max_kl": 0.1}, SearchSettings).cap == SearchCap(
+        0.1, "max_kl"
+    )
+    tighter = resolve_settings(None, {"task": str(task), "max_accuracy_loss": 10.0}, SearchSettings)
+    assert tighter.cap is not None and tighter.cap.nats == pytest.approx(
+        KL_PER_POINT * 10.0 * GOLD_PER_AGREEMENT_POINT
+    )
+
+
 def test_the_constraint_optuna_reads_is_the_trials_bound_minus_the_prior_cap(
     tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
