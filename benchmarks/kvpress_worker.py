@@ -34,6 +34,7 @@ holds after the prefill (compressed context plus question), every layer; ``kv_to
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.metadata
 import json
 import sys
@@ -96,49 +97,50 @@ def _pressed(press: Any, model: Any) -> Any:
     return press(model) if press is not None else contextlib.nullcontext()
 
 
-def prefill(
-    model: Any, context: torch.Tensor, question: torch.Tensor, press: Any
-) -> tuple[Any, torch.Tensor]:
-    """The pipeline's prefill: the context through ``model.model`` under the press, then the question
-    at positions after the uncompressed context; returns the cache and the question's logits ``[q, vocab]``."""
+def context_cache(model: Any, context: torch.Tensor, press: Any) -> Any:
+    """The pipeline's context prefill: ``model.model`` (no head) on the context under the press."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
     with _pressed(press, model):
         model.model(input_ids=context[None], past_key_values=cache)
-    n = context.shape[0]
-    positions = torch.arange(n, n + question.shape[0])[None]
-    out = model(input_ids=question[None], past_key_values=cache, position_ids=positions)
-    return cache, out.logits[0]
+    return cache
+
+
+def extend(model: Any, cache: Any, start: int, ids: torch.Tensor, last: bool = False) -> torch.Tensor:
+    """``ids`` after the cached context, at positions ``start..`` (the pipeline's: after the
+    *uncompressed* context); returns their logits ``[len(ids), vocab]`` (``last``: the last row only)."""
+    positions = torch.arange(start, start + ids.shape[0])[None]
+    keep = 1 if last else 0
+    out = model(input_ids=ids[None], past_key_values=cache, position_ids=positions, logits_to_keep=keep)
+    return out.logits[0]
 
 
 def answer(
-    model: Any, context: torch.Tensor, question: torch.Tensor, press: Any, max_new_tokens: int, stop: Any
+    model: Any, cache: Any, context_tokens: int, question: torch.Tensor, max_new_tokens: int, stop: Any
 ) -> tuple[list[int], int, list[int]]:
-    """Greedy answer ids (the pipeline's decoding, stopped by ``stop``: EOS or a stop string), and the
-    cache's bytes and tokens per layer after the prefill."""
-    cache, logits = prefill(model, context, question, press)
+    """Greedy answer ids after the (pressed) context ``cache``: the question, then the pipeline's
+    decoding, stopped by ``stop`` (EOS or a stop string); and the cache's bytes and tokens per layer
+    after the prefill (context and question)."""
+    logits = extend(model, cache, context_tokens, question, last=True)
     kv_bytes, kv_tokens = cache_size(cache)
     generated = [int(logits[-1].argmax())]
-    position = context.shape[0] + question.shape[0]
+    position = context_tokens + question.shape[0]
     while len(generated) < max_new_tokens and stop.check(generated) is None:
-        out = model(
-            input_ids=torch.tensor([[generated[-1]]]),
-            past_key_values=cache,
-            position_ids=torch.tensor([[position]]),
-        )
-        generated.append(int(out.logits[0, -1].argmax()))
+        step = extend(model, cache, position, torch.tensor([generated[-1]]), last=True)
+        generated.append(int(step[-1].argmax()))
         position += 1
     return generated, kv_bytes, kv_tokens
 
 
 def forced(
-    model: Any, context: torch.Tensor, question: torch.Tensor, answer_ids: Sequence[int], press: Any
+    model: Any, cache: Any, context_tokens: int, question: torch.Tensor, answer_ids: Sequence[int]
 ) -> torch.Tensor:
-    """Next-token logits ``[T, vocab]`` along ``answer_ids``: the question and every answer token but
-    the last teacher-forced after the (pressed) context; row 0 scores ``answer_ids[0]``."""
+    """Next-token logits ``[T, vocab]`` along ``answer_ids`` after the (pressed) context ``cache`` (a
+    copy is extended, the cache is left as it was): the question and every answer token but the last
+    teacher-forced; row 0 scores ``answer_ids[0]``."""
     tail = torch.cat([question, torch.tensor(list(answer_ids[:-1]), dtype=torch.long)])
-    _, logits = prefill(model, context, tail, press)
+    logits = extend(model, copy.deepcopy(cache), context_tokens, tail)
     return logits[question.shape[0] - 1 :].float()
 
 
@@ -206,14 +208,16 @@ def run(request: dict[str, Any]) -> None:
         context = torch.tensor(ex["context_ids"], dtype=torch.long)
         question = torch.tensor(ex["question_ids"], dtype=torch.long)
         stop = StopCriteria(frozenset(eos), tuple(ex["stop_strings"]), tokenizer)
-        reference = forced(model, context, question, ex["answer_ids"], None)
+        n = context.shape[0]
+        unpruned = context_cache(model, context, None)
+        reference = forced(model, unpruned, n, question, ex["answer_ids"])
         for name in ex["methods"]:
             start = time.perf_counter()
             press = presses[name]
-            ids, kv_bytes, kv_tokens = answer(
-                model, context, question, press, int(ex["max_new_tokens"]), stop
-            )
-            kl, top1 = drift(reference, forced(model, context, question, ex["answer_ids"], press))
+            # one context prefill per press: the KL's pass extends a copy, the answer the cache itself
+            cache = copy.deepcopy(unpruned) if press is None else context_cache(model, context, press)
+            kl, top1 = drift(reference, forced(model, cache, n, question, ex["answer_ids"]))
+            ids, kv_bytes, kv_tokens = answer(model, cache, n, question, int(ex["max_new_tokens"]), stop)
             emit({
                 "kind": "example", "method": name, "example": ex["key"], "token_ids": ids,
                 "kv_bytes": kv_bytes, "kv_tokens": kv_tokens, "kl": kl, "top1": top1,
