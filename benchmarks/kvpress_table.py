@@ -260,8 +260,11 @@ def _result(row: dict[str, Any], score_key: str = "score") -> ExampleResult:
 
 
 def summarize(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
-    """Per row name (in ``names`` order, those with examples): n, loss with its interval, KL, KV, speeds."""
+    """Per row name (in ``names`` order, those with examples): n, loss with its interval, KL, KV, speeds;
+    a press's ``own_loss`` is against the kvpress venv's unpruned model on the examples both have (its
+    own side's unpruned answers; for this side's rows the unpruned model is its own)."""
     out = []
+    control = {r["example"]: r for r in rows if r["method"] == VENV_CONTROL}
     for name in names:
         mine = [r for r in rows if r["method"] == name and r["example"] != SPEED]
         speed = next((r["speed"] for r in rows if r["method"] == name and r["example"] == SPEED), None)
@@ -273,8 +276,16 @@ def summarize(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict
             for r in mine
         ]
         weights = dict(zip((r["example"] for r in mine), macro_weights([r["dataset"] for r in mine])))
+        own = loss
+        if mine[0]["side"] == "kvpress":
+            paired = [r for r in mine if r["example"] in control]
+            own = (
+                loss_estimate([_result(r) for r in paired], [_result(control[r["example"]]) for r in paired])
+                if paired
+                else None
+            )
         out.append({
-            "name": name, "n": len(mine), "side": mine[0]["side"], "loss": loss,
+            "name": name, "n": len(mine), "side": mine[0]["side"], "loss": loss, "own_loss": own,
             "kl": kl_so_far(drifts, weights),
             "kv_bytes": statistics.fmean(r["kv_bytes"] for r in mine),
             "kv_share": statistics.fmean(r["kv_bytes"] / r["kv_bytes_unpruned"] for r in mine),
@@ -285,17 +296,21 @@ def summarize(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict
     return out
 
 
+def _interval(est: Any) -> str:
+    return "-" if est is None else f"{est.value:.2f} [{est.low:.2f}, {est.high:.2f}]"
+
+
 def markdown(summary: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| method | TTFT speedup (measured) | FLOP speedup | KV cache kept after prefill | task loss [90%] | KL (nats) | n |",
-        "|---|---|---|---|---|---|---|",
+        "| method | TTFT speedup (measured) | FLOP speedup | KV cache kept after prefill | task loss [90%] "
+        "| task loss vs own side's unpruned [90%] | KL (nats) | n |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
-        loss = s["loss"]
         ttft = "not timed" if s["ttft_speedup"] is None else f"{s['ttft_speedup']:.2f}x"
         lines.append(
             f"| {s['name']} | {ttft} | {s['flop_speedup']:.2f}x | {s['kv_bytes'] / 2**20:.1f} MiB "
-            f"({100 * s['kv_share']:.0f}%) | {loss.value:.2f} [{loss.low:.2f}, {loss.high:.2f}] | "
+            f"({100 * s['kv_share']:.0f}%) | {_interval(s['loss'])} | {_interval(s['own_loss'])} | "
             f"{s['kl']:.3f} | {s['n']} |"
         )
     return "\n".join(lines) + "\n"

@@ -190,3 +190,24 @@ def test_a_run_records_every_row_and_resumes(tiny_folder: Path, tmp_path: Path) 
     assert table.main(argv) == 0  # the truncated last row is cut off and computed again, alone
     again = _rows(out)
     assert [(r["method"], r["example"]) for r in again] == keys
+
+
+def _row(method: str, example: str, score: float, side: str = "kvpress") -> dict[str, Any]:
+    return {"method": method, "example": f"squad-long/{example}", "dataset": "squad-long", "record_id": example,
+            "side": side, "prompt_tokens": 100, "score": score, "baseline_score": 1.0, "prediction": "x",
+            "new_tokens": 1, "kl": 0.5 * score, "top1": 1.0, "kv_bytes": 50, "kv_bytes_unpruned": 100,
+            "flop_speedup": 1.0}  # fmt: skip
+
+
+def test_a_press_is_also_scored_against_its_own_venvs_unpruned_model() -> None:
+    rows = [
+        _row(table.VENV_CONTROL, "a", 1.0), _row(table.VENV_CONTROL, "b", 0.0),
+        _row("press", "a", 0.0), _row("press", "b", 0.0), _row("press", "c", 1.0),
+        _row("tuned pick", "a", 1.0, "lazyllm"), _row("tuned pick", "b", 0.0, "lazyllm"),
+    ]  # fmt: skip
+    control, press, ours = table.summarize(rows, [table.VENV_CONTROL, "press", "tuned pick"])
+    assert (control["loss"].value, control["own_loss"].value) == (50.0, 0.0)
+    assert press["n"] == 3 and press["loss"].value == pytest.approx(100 * 2 / 3)
+    assert press["own_loss"].value == 50.0 and press["own_loss"].n == 2  # paired on the control's a and b
+    assert ours["own_loss"] is ours["loss"] and ours["loss"].value == 50.0
+    assert press["kl"] == pytest.approx(0.5 / 3) and press["kv_share"] == 0.5
