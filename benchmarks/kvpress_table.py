@@ -565,7 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--timing-rounds", type=int, default=3)
     p.add_argument("--timing-clock", default="auto")
-    p.add_argument("--chunk", type=int, default=4, help="examples per kvpress worker call")
+    p.add_argument(
+        "--chunk", type=int, default=8, help="examples per kvpress worker call (each loads the model)"
+    )
     p.add_argument("--kvpress-python", default=".venv-kvpress/bin/python", help="the kvpress venv's python")
     p.add_argument("--out", default="benchmarks/data/kvpress-table-openqa-2048.jsonl")
     p.add_argument("--table", default=None, help="markdown table (default: --out with .md)")
