@@ -63,6 +63,7 @@ from lazyllm.flops import ModelDims
 from lazyllm.methods import METHODS, make_method
 from lazyllm.models import resolve
 from lazyllm.peers import match_speedup
+from lazyllm.peers.gemfilter import GemFilter
 from lazyllm.text import StopCriteria
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator, drift
 from tuner.evaluation.runner import (
@@ -75,7 +76,7 @@ from tuner.evaluation.runner import (
 )
 from tuner.evaluation.speed import SpeedMeasurement, measure_speedup, prefill_timer, resolve_clock
 from tuner.stages.confirm import kl_so_far
-from tuner.statistics.bootstrap import macro_weights
+from tuner.statistics.bootstrap import Estimate, macro_weights
 from tuner.study.settings import EvalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +277,7 @@ def summarize(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict
             for r in mine
         ]
         weights = dict(zip((r["example"] for r in mine), macro_weights([r["dataset"] for r in mine])))
-        own = loss
+        own: Estimate | None = loss
         if mine[0]["side"] == "kvpress":
             paired = [r for r in mine if r["example"] in control]
             own = (
@@ -490,6 +491,7 @@ class Table:
                     logits = result.forced_logits
                 else:  # GemFilter: its answer; the KL along the unpruned model on the kept tokens
                     result = gen.generate(torch.tensor(ex.input_ids), max_new_tokens=ex.max_new_tokens, stop_strings=ex.stop_strings)  # fmt: skip
+                    assert isinstance(gen, GemFilter)
                     kept = torch.tensor(ex.input_ids)[gen.select(torch.tensor(ex.input_ids)).kept.cpu()]
                     logits = fid.keep_all.forced_logits(kept, answer)
                 prediction = result.text or ""

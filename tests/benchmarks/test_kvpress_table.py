@@ -19,6 +19,7 @@ import torch
 
 from lazyllm import LazyLLM, Schedule
 from lazyllm.methods import make_method
+from lazyllm.peers.tsp import TokenSelectivePropagation
 from lazyllm.text import StopCriteria
 from tests.support import load_benchmark, make_tiny
 from tests.tuner.data.test_openqa import _hotpot, _squad
@@ -63,6 +64,7 @@ def test_kv_bytes_of_tsp_are_its_engine_cache() -> None:
     layers = int(model.config.num_hidden_layers)
     spec = table.Spec("tsp", "lazyllm", "tsp", options={"budget": 0.3})
     tsp = make_method("tsp", model, None, None, options=spec.options)
+    assert isinstance(tsp, TokenSelectivePropagation)
     engine = LazyLLM(model, tsp.schedule(50).with_revival("frozen"), strict_model_name=False)
     tokens, stored = _engine_cache(engine, torch.randint(0, 97, (1, 50)))
     assert table.kv_tokens(spec, tsp, 50, layers) == tokens
@@ -80,7 +82,7 @@ def test_the_split_cuts_the_prompt_before_its_question(tiny_folder: Path) -> Non
     marker = tokenizer(table.QUESTION_MARKER, add_special_tokens=False)["input_ids"]
     context, question = table.split_prompt(ids, marker)
     assert context + question == ids
-    tail = tokenizer.decode(question)
+    tail = str(tokenizer.decode(question))
     assert tail.startswith("Question: Where is Paris?\nAnswer:") and "assistant" in tail  # the chat tail too
     assert "decoy" in tokenizer.decode(context)  # the last marker, not the first
     with pytest.raises(ValueError, match="Question:"):
