@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast style demo bench search
+.PHONY: setup test test-fast style demo bench search kvpress-setup kvpress-table
 
 setup: $(STAMP)
 
@@ -36,3 +36,20 @@ bench: $(STAMP)
 
 search: $(STAMP)
 	$(PY) -m tuner.search --task qa --data-dir ../shared/data/longbench --openqa-dir ../shared/data/open-qa
+
+# kvpress 0.5.5 pins transformers<5.3, so it gets its own venv (torch first, as above); only
+# benchmarks/kvpress_table.py uses it (as a subprocess), and CI never builds it.
+KVPRESS_VENV := .venv-kvpress
+KVPRESS_STAMP := $(KVPRESS_VENV)/.installed
+
+kvpress-setup: $(KVPRESS_STAMP)
+
+$(KVPRESS_STAMP):
+	$(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(KVPRESS_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(KVPRESS_VENV)/bin/python -m pip install --quiet kvpress==0.5.5
+	touch $(KVPRESS_STAMP)
+
+kvpress-table: $(STAMP) $(KVPRESS_STAMP)
+	$(PY) benchmarks/kvpress_table.py --openqa-dir ../shared/data/open-qa
