@@ -79,7 +79,8 @@ def _floor_sentence(d: Decision, cal: Calibration) -> str:
     f = cal.floor
     if f is None:
         return (
-            "No slope prior was given (--slope-prior none, or none is packaged for this model): the "
+            "No slope prior applies (--slope-prior none; none packaged for this model, prompt length and "
+            "calibration shape; or an agreement budget, which the gold-point priors do not convert): the "
             "calibration stands on its own examples, however few. "
         )
     own = f"its own slope is {f.own_slope:.1f} (bound {f.own_upper:.1f}) {cal.unit}"

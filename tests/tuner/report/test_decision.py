@@ -21,8 +21,9 @@ from tuner.statistics.calibration import Calibration
 
 TIMING = TrialTiming(finished=18, n_trials=60, median_s=30.0, timeout_s=420.0)
 NO_PRIOR = (
-    "No slope prior was given (--slope-prior none, or none is packaged for this model): the calibration "
-    "stands on its own examples, however few. "
+    "No slope prior applies (--slope-prior none; none packaged for this model, prompt length and calibration "
+    "shape; or an agreement budget, which the gold-point priors do not convert): the calibration stands on its "
+    "own examples, however few. "
 )
 
 
@@ -293,7 +294,7 @@ def test_a_square_root_calibration_is_named_in_the_paragraph_with_its_units() ->
     d = decide(root_outcome, TIMING)
     assert power_sentence(d).startswith(
         "The calibration fits task loss as slope x KL^0.5 (--calibration-exponent; slopes in points per nat^0.5). "
-        "No slope prior was given"
+        "No slope prior applies"
     )
     text = explain(root_outcome, TIMING)
     assert "predicted to lose 2.19 score points (upper bound 2.74, 60%)" in text  # 4 and 5 x sqrt(0.3)
