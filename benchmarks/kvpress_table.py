@@ -398,8 +398,10 @@ class Table:
         self.kvpress_python = args.kvpress_python
         self.clock = resolve_clock(args.timing_clock, next(self.model.parameters()).device)
 
-    def todo(self, spec: Spec) -> list[Example]:
-        return [ex for ex in self.examples if (spec.name, ex.key) not in self.recorder.done]
+    def todo(self, spec: Spec, examples: Sequence[Example] | None = None) -> list[Example]:
+        """The examples (of ``examples``, default all) that ``spec`` has no row for yet."""
+        pool = self.examples if examples is None else examples
+        return [ex for ex in pool if (spec.name, ex.key) not in self.recorder.done]
 
     def run(self) -> None:
         pending = sum(len(self.todo(s)) + ((s.name, SPEED) not in self.recorder.done) for s in self.specs)
@@ -407,9 +409,16 @@ class Table:
             f"{len(self.examples)} examples x {len(self.specs)} rows; {len(self.recorder.rows)} rows in "
             f"{self.recorder.path}, {pending} to do"
         )
+        minutes = self.args.minutes
+        deadline = None if minutes is None else time.monotonic() + 60 * minutes
         with tqdm(total=pending, desc="kvpress table") as bar:
             self.time_all(bar)
             for chunk in chunked(self.examples, self.args.chunk):
+                if all(not self.todo(s, chunk) for s in self.specs):
+                    continue
+                if deadline is not None and time.monotonic() > deadline:  # at a chunk's edge: every row has
+                    tqdm.write(f"stopped after --minutes {minutes:g}; rerun the command to resume")  # the same n
+                    return
                 self.run_chunk(chunk, bar)
 
     def time_all(self, bar: Any) -> None:
@@ -571,6 +580,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--chunk", type=int, default=8, help="examples per kvpress worker call (each loads the model)"
     )
     p.add_argument("--kvpress-python", default=".venv-kvpress/bin/python", help="the kvpress venv's python")
+    p.add_argument(
+        "--minutes", type=float, default=None, help="stop at the first chunk edge after this many minutes"
+    )
     p.add_argument("--out", default="benchmarks/data/kvpress-table-openqa-2048.jsonl")
     p.add_argument("--table", default=None, help="markdown table (default: --out with .md)")
     p.add_argument("--cache", default="runs/kvpress-table-cache", help="unpruned answers and references")

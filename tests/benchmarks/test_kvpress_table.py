@@ -157,9 +157,12 @@ def test_a_run_records_every_row_and_resumes(tiny_folder: Path, tmp_path: Path) 
         "--timing-rounds", "1", "--kvpress-python", sys.executable, "--out", str(out),
         "--cache", str(tmp_path / "cache"),
     ]  # fmt: skip
+    assert table.main([*argv, "--minutes", "0"]) == 0  # past its deadline at once: the timings, no example
+    names = list(json.loads(out.with_suffix(".methods.json").read_text()))
+    assert {r["example"] for r in _rows(out)} == {table.SPEED} and len(_rows(out)) == len(names)
+    assert out.with_suffix(".md").exists()  # the table of what there is
     assert table.main(argv) == 0
     rows = _rows(out)
-    names = list(json.loads(out.with_suffix(".methods.json").read_text()))
     assert {"unpruned", "tuned pick", "paper-style", "gemfilter (published)", "tsp (published)", table.VENV_CONTROL} <= set(names)  # fmt: skip
     keys = [(r["method"], r["example"]) for r in rows]
     assert len(keys) == len(set(keys)) == 3 * len(names)  # two examples and one timing per row
