@@ -417,7 +417,9 @@ class Table:
                 if all(not self.todo(s, chunk) for s in self.specs):
                     continue
                 if deadline is not None and time.monotonic() > deadline:  # at a chunk's edge: every row has
-                    tqdm.write(f"stopped after --minutes {minutes:g}; rerun the command to resume")  # the same n
+                    tqdm.write(
+                        f"stopped after --minutes {minutes:g}; rerun the command to resume"
+                    )  # the same n
                     return
                 self.run_chunk(chunk, bar)
 
