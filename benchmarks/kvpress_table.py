@@ -66,6 +66,7 @@ from lazyllm.peers import match_speedup
 from lazyllm.peers.gemfilter import GemFilter
 from lazyllm.text import StopCriteria
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator, drift
+from tuner.evaluation.rows import read_rows
 from tuner.evaluation.runner import (
     Evaluator,
     Example,
@@ -182,31 +183,6 @@ def bytes_per_token_layer(model: Any) -> int:
 
 
 # Rows -----------------------------------------------------------------------------------------------
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of ``path``; a truncated last line (a run killed mid-write) is cut off the file."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    rows, good = [], 0
-    for line in data.splitlines(keepends=True):
-        try:
-            row = json.loads(line)
-            if not line.endswith(b"\n"):
-                raise ValueError("no newline")
-        except ValueError:
-            if good + len(line) < len(data):
-                raise SystemExit(
-                    f"{path}: a bad line in the middle at byte {good}; fix or move the file"
-                ) from None
-            print(f"{path}: cutting a truncated last line ({len(line)} bytes)")
-            with path.open("r+b") as f:
-                f.truncate(good)
-            break
-        rows.append(row)
-        good += len(line)
-    return rows
-
-
 def check_plan(path: Path, specs: Sequence[Spec]) -> None:
     """Write the rows' definitions beside them once; a rerun with another definition under a name stops."""
     table = {s.name: s.describe() for s in specs}

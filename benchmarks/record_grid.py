@@ -49,6 +49,7 @@ from lazyllm.flops import ModelDims
 from lazyllm.methods import METHODS, make_method, peer_names
 from lazyllm.models import DTYPES
 from tuner.evaluation.fidelity import FidelityEvaluator
+from tuner.evaluation.rows import read_rows as rows_of
 from tuner.evaluation.runner import Evaluator, Example, result_of, run_examples
 from tuner.study.handmade import hand_made_grid, one_stage_grid
 from tuner.study.settings import EvalSettings
@@ -124,28 +125,7 @@ def dtype_suffix(dtype: str) -> str:
 
 def read_rows(path: Path) -> set[tuple[str, str]]:
     """(schedule, example) of the rows in ``path``; a truncated last line is cut off the file."""
-    if not path.exists():
-        return set()
-    data = path.read_bytes()
-    done: set[tuple[str, str]] = set()
-    good = 0
-    for line in data.splitlines(keepends=True):
-        try:
-            row = json.loads(line)
-            if not line.endswith(b"\n"):
-                raise ValueError("no newline")
-        except ValueError:
-            if good + len(line) < len(data):
-                raise SystemExit(
-                    f"{path}: a bad line in the middle at byte {good}; fix or move the file"
-                ) from None
-            print(f"{path}: cutting a truncated last line ({len(line)} bytes)")
-            with path.open("r+b") as f:
-                f.truncate(good)
-            break
-        done.add((row["schedule"], row["example"]))
-        good += len(line)
-    return done
+    return {(row["schedule"], row["example"]) for row in rows_of(path)}
 
 
 def check_schedules(path: Path, table: dict[str, Any]) -> None:
