@@ -48,27 +48,16 @@ TOP_K = 64
 
 
 def drift(reference: torch.Tensor, logits: torch.Tensor, top_k: int = TOP_K) -> tuple[float, float]:
-    """``(mean KL(P || Q), top-1 agreement)`` of logits ``[T, vocab]`` against reference logits, as
-    :mod:`tuner.evaluation.fidelity` defines it (which this venv cannot import: its data modules need
-    the main venv): the reference's top-``k`` tokens plus one bucket for the rest, in float64, each
-    step's KL floored at 0, the mean over steps (the table's tests check it equals
-    ``tuner.evaluation.fidelity.drift``)."""
+    """``(mean KL(P || Q), top-1 agreement)`` of logits ``[T, vocab]`` against reference logits: the
+    fidelity's own formula (:func:`tuner.evaluation.kl.topk_kl`, which imports torch only) on the
+    reference's top-``k`` tokens."""
+    from tuner.evaluation.kl import topk_kl
+
     if logits.shape != reference.shape:
         raise ValueError(f"logits {tuple(logits.shape)} against a reference of {tuple(reference.shape)}")
     logp = torch.log_softmax(reference.float(), dim=-1)
     top = torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1)
-    logp_k = top.values.float().double()
-    logq_k = torch.log_softmax(logits.float(), dim=-1).double().gather(1, top.indices)
-    p_k, q_k = logp_k.exp(), logq_k.exp()
-    per_step = (p_k * (logp_k - logq_k)).sum(dim=1)
-    p_rest = (1.0 - p_k.sum(dim=1)).clamp_min(0.0)
-    q_rest = (1.0 - q_k.sum(dim=1)).clamp_min(1e-300)
-    per_step = per_step + torch.where(
-        p_rest > 0, p_rest * (p_rest.clamp_min(1e-300).log() - q_rest.log()), 0.0
-    )
-    kl = float(per_step.clamp_min(0.0).mean())
-    top1 = float((logits.argmax(dim=-1) == top.indices[:, 0]).double().mean())
-    return kl, top1
+    return topk_kl(top.values, top.indices, logits)
 
 
 def cache_size(cache: Any) -> tuple[int, list[int]]:

@@ -45,6 +45,7 @@ from lazyllm.engine import LazyLLM, PromptPrefix
 from lazyllm.models import model_name
 from lazyllm.schedule import Schedule
 from tuner.evaluation.integrity import announce_rebuild, tensors_digest
+from tuner.evaluation.kl import topk_kl
 from tuner.evaluation.runner import ExampleResult, chunks, result_of, run_examples
 
 DEFAULT_TOP_K = 64
@@ -190,23 +191,12 @@ class ExampleDrift:
 def drift(reference: Reference, logits: torch.Tensor) -> tuple[float, float]:
     """``(mean KL(P || Q), top-1 agreement)`` of pruned logits ``[T, vocab]`` against ``reference``.
 
-    KL uses the reference's top-``k`` tokens plus one "rest of the vocabulary" bucket (float64).
+    KL uses the reference's top-``k`` tokens plus one "rest of the vocabulary" bucket (float64;
+    :func:`tuner.evaluation.kl.topk_kl`).
     """
     if logits.shape[0] != reference.topk_ids.shape[0]:
         raise ValueError(f"{logits.shape[0]} rows of logits for a {reference.topk_ids.shape[0]}-token answer")
-    logq = torch.log_softmax(logits.float(), dim=-1).double()  # [T, vocab]
-    logp_k = reference.topk_logp.double()  # [T, k]
-    logq_k = logq.gather(1, reference.topk_ids)  # [T, k]
-    p_k, q_k = logp_k.exp(), logq_k.exp()
-    per_step = (p_k * (logp_k - logq_k)).sum(dim=1)
-    p_rest = (1.0 - p_k.sum(dim=1)).clamp_min(0.0)
-    q_rest = (1.0 - q_k.sum(dim=1)).clamp_min(1e-300)
-    per_step = per_step + torch.where(
-        p_rest > 0, p_rest * (p_rest.clamp_min(1e-300).log() - q_rest.log()), 0.0
-    )
-    kl = float(per_step.clamp_min(0.0).mean())
-    top1 = float((logits.argmax(dim=-1) == reference.topk_ids[:, 0]).double().mean())
-    return kl, top1
+    return topk_kl(reference.topk_logp, reference.topk_ids, logits)
 
 
 class ReferenceCache:
