@@ -12,7 +12,7 @@ from lazyllm.schedule import Schedule
 from tests.support import longbench_dir, n_warm_starts
 from tuner.evaluation.runner import ExampleResult
 from tuner.search import main, parse_settings
-from tuner.stages.trial import fresh_draw
+from tuner.stages.trial import SPEED_FLOOR_CONSTRAINT, fresh_draw
 from tuner.statistics.losses import BaselineStats, ScoreLoss, optimistic_loss
 from tuner.study.records import RECORD_ATTR, TrialRecord, schedule_key
 from tuner.study.settings import SearchSettings, resolve_settings
@@ -195,6 +195,44 @@ def test_a_schedule_already_evaluated_takes_no_slot(tiny_folder: Path, tmp_path:
     keys = {schedule_key(r.schedule) for r in done if r is not None}
     assert len(keys) == n  # n slots, n different schedules
     assert not [t for t in trials if t.state == optuna.trial.TrialState.FAIL]  # nothing failed
+
+
+def test_proposals_under_the_speed_floor_run_nothing_and_are_infeasible(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    """With a floor no schedule of a 4-layer model reaches, every proposal of the sampler is stopped
+    before a single example (its record says why, its speed-floor constraint says by how much) and
+    takes its slot, while the queued reference and warm starts run as always."""
+    n = n_warm_starts() + 3  # the queued trials, then three of the sampler's own
+    argv = _argv(tiny_folder, tmp_path, "--n-trials", str(n), "--no-heldout", "--tracking-uri", "none")
+    assert main([*argv, "--min-speedup", "50"]) == 0
+    trials = optuna.load_study(
+        study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"
+    ).get_trials()
+    queued = [t for t in trials if "fixed_params" in t.system_attrs]
+    proposed = [t for t in trials if "fixed_params" not in t.system_attrs]
+    assert len(queued) == n_warm_starts() and len(proposed) == 3
+    for t in queued:  # every queued schedule was evaluated, whatever its speed
+        record = TrialRecord.from_trial(t)
+        assert record is not None and record.examples_run > 0 and SPEED_FLOOR_CONSTRAINT not in t.constraints
+    for t in proposed:
+        record = TrialRecord.from_trial(t)
+        assert t.state == optuna.trial.TrialState.PRUNED and record is not None
+        assert record.examples_run == 0 and record.loss is None
+        assert record.stopped is not None and "under --min-speedup 50" in record.stopped
+        assert t.constraints[SPEED_FLOOR_CONSTRAINT] == pytest.approx(50 - record.flop_speedup)
+
+
+def test_the_speed_floor_is_off_at_one(tiny_folder: Path, tmp_path: Path) -> None:
+    """--min-speedup 1 stops nothing: the sampler's proposals are evaluated like the queued ones."""
+    n = n_warm_starts() + 2
+    argv = _argv(tiny_folder, tmp_path, "--n-trials", str(n), "--no-heldout", "--tracking-uri", "none")
+    assert main([*argv, "--min-speedup", "1"]) == 0
+    trials = optuna.load_study(
+        study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"
+    ).get_trials()
+    proposed = [TrialRecord.from_trial(t) for t in trials if "fixed_params" not in t.system_attrs]
+    assert len(proposed) == 2 and all(r is not None and r.examples_run > 0 for r in proposed)
 
 
 def test_the_draw_replacing_a_duplicate_depends_on_the_study_seed() -> None:

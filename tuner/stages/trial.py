@@ -11,6 +11,9 @@
   search (where a schedule's speed is known before it runs), once a finished feasible trial at least
   as fast confidently beats its loss (:meth:`tuner.statistics.losses.FidelityLoss.dominated`): it would be
   dominated on the front, so its remaining examples are not spent.
+* A sampler's proposal the FLOP model puts below ``min_speedup`` is stopped before it runs (PRUNED,
+  the reason in its record, and a second constraint, ``min_speedup``, over zero: infeasible), so the
+  sampler leaves the slow end of the front, where nothing is worth picking; it takes its slot.
 * A proposal that repeats a schedule the study already evaluated (or is evaluating) takes no slot:
   the trial is refused (PRUNED with system attr ``duplicate_of``, not counted towards ``n_trials``)
   and a fresh random draw from the space is queued, so the next trial explores.
@@ -66,6 +69,11 @@ def fidelity_of(
         prefix_bytes=prefix_bytes,
         prefix_share=prefix_share(settings),
     )
+
+
+SPEED_FLOOR_CONSTRAINT = "min_speedup"
+"""The constraint a proposal below the speed floor carries (``--min-speedup`` minus its FLOP speedup,
+> 0): Optuna's samplers rank it behind every feasible trial."""
 
 
 def fresh_draw(space: SearchSpace, num_layers: int, study_seed: int, trial_number: int) -> dict[str, Any]:
@@ -189,6 +197,7 @@ class TrialRunner:
         start = time.perf_counter()
         schedule = self.propose(trial)
         self.refuse_duplicate(trial, schedule)
+        self.refuse_slow(trial, schedule, start)
         engine = self.engine(schedule)
         rivals = self.rivals(trial.study, schedule)
         measured = self.search_loss.measure(self.context, engine, f"trial {trial.number}", rivals)
@@ -228,6 +237,23 @@ class TrialRunner:
             if record.values[0] >= speed:
                 out.append(Rival(t.number, record.values[0], record.values[1]))
         return out
+
+    def refuse_slow(self, trial: optuna.Trial, schedule: Schedule, start: float) -> None:
+        """Stop a sampler's proposal the FLOP model puts below ``min_speedup`` before it runs a single
+        example: PRUNED with its record (the reason, no examples run) and the constraint
+        :data:`SPEED_FLOOR_CONSTRAINT` (how far below the floor), so the sampler counts it infeasible
+        and leaves that region. Queued trials (the reference, the warm starts, a duplicate's fresh
+        draw, a user's queued schedule) always run. It takes its slot of ``n_trials``."""
+        floor = self.settings.min_speedup
+        if floor <= 1.0 or "fixed_params" in trial.storage.get_trial_system_attrs(trial._trial_id):
+            return
+        speed = flop_speedup(schedule, self.dims, self.prompt_tokens)
+        if speed >= floor:
+            return
+        reason = f"{speed:.3f}x by the FLOP model, under --min-speedup {floor:g}: not evaluated"
+        self.record(trial, schedule, LossResult(None, stopped=reason), None, start).store(trial)
+        trial.set_constraint(SPEED_FLOOR_CONSTRAINT, floor - speed)
+        raise optuna.TrialPruned(reason)
 
     def evaluated(self, study: optuna.Study, before: int) -> dict[str, int]:
         """Schedule key -> trial number, for every trial numbered below ``before`` that evaluated (or

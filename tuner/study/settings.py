@@ -8,8 +8,8 @@ declared, defaulted, documented and validated in exactly one place.
 
 The search defaults are budgeted to finish ``python -m tuner.search --task qa`` on a 2-core CPU in
 about 15 minutes, everything included (SmolLM2, every QA validation example scored by teacher-forced
-fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, up to 60 trials bounded by
-``trials_timeout`` = 420 s, then the confirmation stage and the held-out check). On a GPU the
+fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, trials bounded by
+``trials_timeout`` = 420 s (``n_trials`` = 100 is a ceiling that time reaches first on a CPU), then the confirmation stage and the held-out check). On a GPU the
 ``qa-gpu`` preset raises ``max_prompt_tokens``, ``n_trials`` and ``confirm_k`` (``studies/qa-gpu.yaml``).
 
 On the command line a setting that may be null takes ``none`` (``--n-examples none``: all examples,
@@ -47,7 +47,7 @@ from tuner.data.prompts import (
 )
 from tuner.evaluation.speed import CLOCKS
 from tuner.statistics.calibration import LINEAR, check_exponent
-from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, SearchCap, agreement_cap, search_cap
+from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, MIN_SPEEDUP, SearchCap, agreement_cap, search_cap
 from tuner.statistics.prior import SlopePrior
 from tuner.statistics.prior import resolve as resolve_prior
 from tuner.study.samplers import check_sampler, sampler_names
@@ -251,7 +251,12 @@ class SearchSettings(EvalSettings):
     n_examples: int | None = field(
         default=None, metadata=_help("validation examples per dataset (default / none = all)")
     )
-    n_trials: int = field(default=60, metadata=_help("finished trials the study should hold"))
+    n_trials: int = field(
+        default=100,
+        metadata=_help(
+            "finished trials the study should hold (on a CPU --trials-timeout usually ends it first)"
+        ),
+    )
     trials_timeout: float | None = field(
         default=420.0,
         metadata=_help(
@@ -291,6 +296,14 @@ class SearchSettings(EvalSettings):
             f"the model's slope prior predicts {CAP_MARGIN:g}x --max-accuracy-loss, or {KL_PER_POINT:g} nats "
             "per score point without a prior; the recommendation is decided by the study's own "
             "calibration: docs/statistics.md#confirmation)"
+        ),
+    )
+    min_speedup: float = field(
+        default=MIN_SPEEDUP,
+        metadata=_help(
+            "the sampler's proposals the FLOP model puts below this speedup are not evaluated: stopped "
+            "at once and marked infeasible, so the sampler leaves that region (1 = off; queued schedules "
+            "always run: docs/tuning.md#the-speed-floor)"
         ),
     )
     confidence: float = field(
@@ -400,6 +413,7 @@ class SearchSettings(EvalSettings):
         if self.accuracy not in ACCURACY_MODES:
             raise ValueError(f"accuracy = {self.accuracy!r}: must be one of {', '.join(ACCURACY_MODES)}")
         _finite("max_kl", self.max_kl, low=0, strict=True)
+        _finite("min_speedup", self.min_speedup, low=1.0)
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence = {self.confidence}: must be in [0.5, 1), e.g. 0.9")
         if not 0.5 <= self.decision_level <= self.confidence:
