@@ -37,6 +37,8 @@ module uses ``MlflowClient`` with explicit run ids only, safe in any worker.
   tracking URI; an HTTP server is checked with its ``/health`` endpoint before any trial runs. A
   password in a storage or tracking URL never reaches a param, a tag or a study attr
   (:func:`tuner.redact.redact_url`).
+* **Ctrl-C**: a write that has begun finishes first (:func:`tuner.held.held_interrupts`), so an
+  interrupt never leaves the SQLite store locked by a half-done transaction of its own process.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
+from tuner.held import whole
 from tuner.redact import redact_text, redact_url
 from tuner.statistics.losses import Budget
 from tuner.study.outcome import StudyOutcome
@@ -199,6 +202,7 @@ def end_open_runs(status: str, reason: str) -> None:
 class Tracker:
     """Logs a study to MLflow through explicit run ids (see the module docstring)."""
 
+    @whole
     def __init__(self, uri: str, settings: SearchSettings, study: optuna.Study, budget: Budget) -> None:
         from mlflow.tracking import MlflowClient
 
@@ -304,6 +308,7 @@ class Tracker:
         self._log_counts()
         _OPEN.add(self)
 
+    @whole
     def end(self, status: str, reason: str) -> None:
         """End the parent run with ``status`` (FINISHED, KILLED or FAILED) and say why in a tag."""
         self._log_counts()
@@ -320,6 +325,7 @@ class Tracker:
             self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
         )
 
+    @whole
     def end_study(self, outcome: StudyOutcome, files: list[Path], stopped: str = "done") -> str:
         """Attach the study's result files (written once, from ``outcome``) to the parent, log the
         recommendation and end the run FINISHED: every stage ran. Returns the status.
@@ -486,11 +492,13 @@ class Tracker:
         self.client.set_terminated(run_id, status=_STATUS.get(state, "FAILED"), end_time=end)
         return run_id
 
+    @whole
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Optuna callback: log each trial that ran (not surplus trials or refused duplicates)."""
         if not never_ran(trial):
             self.log_trial(trial)
 
+    @whole
     def sync_failed(self) -> list[str]:
         """FAILED runs for failed trials that have none yet (no callback saw them); returns their ids."""
         failed = [

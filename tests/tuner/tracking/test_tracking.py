@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
+import sqlalchemy
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
@@ -211,6 +215,37 @@ def test_failed_and_interrupted_trials_get_failed_runs(tmp_path: Path) -> None:
     assert sorted(_children(again)) == [0, 1] and len(again.child_runs()) == 2
     end_open_runs("FAILED", "error: something broke")
     assert again.client.get_run(again.parent_id).info.status == "FAILED"
+
+
+def test_a_ctrl_c_during_a_trials_write_waits_for_it_and_leaves_the_store_unlocked(tmp_path: Path) -> None:
+    """A real SIGINT sent right after the child run's first INSERT (its transaction open, the SQLite
+    lock held): the write finishes, then Ctrl-C ends the optimize; the run is whole and no lock is left
+    (a half-done transaction of our own made every later write wait out MLflow's 20 s busy timeout)."""
+    settings, study, uri = _toy(tmp_path)
+    tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
+    fired: list[str] = []
+
+    def ctrl_c_mid_write(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("INSERT INTO params") and not fired:
+            fired.append(statement)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs here, inside the write
+
+    sqlalchemy.event.listen(sqlalchemy.engine.Engine, "after_cursor_execute", ctrl_c_mid_write)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            study.optimize(lambda trial: (1.5, 0.0), n_trials=2, callbacks=[tracker.callback])
+    finally:
+        sqlalchemy.event.remove(sqlalchemy.engine.Engine, "after_cursor_execute", ctrl_c_mid_write)
+    assert fired and len(study.trials) == 1  # the press stopped the study after its first trial
+    with sqlite3.connect(tmp_path / "mlflow.db", timeout=0) as free:  # no waiting: the lock is free
+        free.execute("BEGIN IMMEDIATE")
+        free.rollback()
+    run = _children(tracker)[0]
+    assert run.info.status == "FINISHED" and run.data.params["sampler"] == settings.sampler
+    end_open_runs("KILLED", "interrupted (Ctrl-C)")
+    assert tracker.client.get_run(tracker.parent_id).info.status == "KILLED"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_the_experiment_opens_on_its_runs_in_the_mlflow_ui(tmp_path: Path) -> None:

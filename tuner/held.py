@@ -1,0 +1,77 @@
+"""Ctrl-C held back until a tracking write is whole.
+
+A KeyboardInterrupt raised in the middle of an MLflow call can land inside a SQLite transaction. The
+store's own connection then still holds the database lock while the way out (the trial's FAILED run,
+the parent's KILLED status) writes through another connection of the same process, which waits out
+SQLite's busy timeout (MLflow sets 20 s) on every write: a Ctrl-C that takes a minute to end the run.
+Inside :func:`held_interrupts` the first Ctrl-C is remembered and raised as soon as the block ends, so
+the write it arrived in finishes first; a second Ctrl-C is raised at once (a tracking server that
+hangs must not make Ctrl-C useless). Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@contextlib.contextmanager
+def held_interrupts() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block until the block ends, then act on it as
+    the handler in place before would have: raise KeyboardInterrupt, call that handler, or nothing
+    where Ctrl-C was already ignored. A second Ctrl-C inside the block acts at once. Only the main
+    thread receives signals; elsewhere this does nothing. Blocks nest."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[FrameType | None] = []
+    previous = signal.getsignal(signal.SIGINT)
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if received:  # the second press: do not wait for the write
+            received.clear()
+            signal.signal(signal.SIGINT, previous)
+            _act(previous, frame)
+            return
+        received.append(frame)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is hold:
+            signal.signal(signal.SIGINT, previous)
+        if received:
+            _act(previous, received[0])
+
+
+def _act(handler: Any, frame: FrameType | None) -> None:
+    """What ``handler`` (a value of ``signal.getsignal``) does with a SIGINT, now."""
+    if handler is signal.SIG_IGN or handler is None:
+        return
+    if handler is signal.SIG_DFL:
+        signal.raise_signal(signal.SIGINT)  # the default: the process ends by the signal
+        return
+    if callable(handler):
+        handler(signal.SIGINT, frame)  # Python's own default raises KeyboardInterrupt here
+        return
+    raise KeyboardInterrupt
+
+
+def whole(method: Callable[P, R]) -> Callable[P, R]:
+    """Decorator: ``method`` runs inside :func:`held_interrupts`."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with held_interrupts():
+            return method(*args, **kwargs)
+
+    return wrapper
