@@ -9,8 +9,9 @@ declared, defaulted, documented and validated in exactly one place.
 The search defaults are budgeted to finish ``python -m tuner.search --task qa`` on a 2-core CPU in
 about 15 minutes, everything included (SmolLM2, every QA validation example scored by teacher-forced
 fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, trials bounded by
-``trials_timeout`` = 420 s (``n_trials`` = 100 is a ceiling that time reaches first on a CPU), then the confirmation stage and the held-out check). On a GPU the
-``qa-gpu`` preset raises ``max_prompt_tokens``, ``n_trials`` and ``confirm_k`` (``studies/qa-gpu.yaml``).
+``trials_timeout`` = 420 s (``n_trials`` = 100 is a ceiling that time reaches first on a CPU), then
+the confirmation stage and the held-out check). On a GPU the ``qa-gpu`` preset raises
+``max_prompt_tokens``, ``n_trials`` and ``confirm_k`` (``studies/qa-gpu.yaml``).
 
 On the command line a setting that may be null takes ``none`` (``--n-examples none``: all examples,
 ``--trials-timeout none``: no limit), also over a preset that sets it. Renamed settings keep their old
