@@ -28,8 +28,9 @@ on a CPU; kvpress: prefill with compression, then the question, against one unpr
 ids in its venv); FLOP speedup (:mod:`lazyllm.flops`; a press does the whole prefill: 1.0x); KV-cache
 bytes kept after the prefill (LazyLLM-side: per layer the tokens it computed, :func:`kv_tokens`; kvpress:
 what its cache holds) and their share of the unpruned model's; task loss against the unpruned model in
-score points with the 90% paired bootstrap interval (:func:`tuner.evaluation.runner.loss_estimate`);
-teacher-forced KL to the unpruned model along its answer (:mod:`tuner.evaluation.fidelity`; kvpress's
+score points with the 90% paired bootstrap interval (:func:`tuner.evaluation.runner.loss_estimate`),
+and each method's loss against the tuned pick itself, paired on the examples both have (a positive
+value: the method loses more than the pick); teacher-forced KL to the unpruned model along its answer (:mod:`tuner.evaluation.fidelity`; kvpress's
 against its own venv's unpruned model), macro-averaged over the datasets as the tuner averages it.
 
 Resumable: each (method, example) is one JSON line of ``--out`` as soon as it is done (speed rows
@@ -89,6 +90,7 @@ SPEED = "@speed"
 """The ``example`` field of a method's timing row."""
 UNPRUNED = "unpruned"
 VENV_CONTROL = "unpruned (kvpress venv)"
+PICK = "tuned pick"
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def plan(
     target = float(statistics.median(METHODS["lazyllm"].flop_speedup(dims, n, pick, {}) for n in lengths))
     specs = [
         Spec(UNPRUNED, "lazyllm", "baseline"),
-        Spec("tuned pick", "lazyllm", "lazyllm", pick.with_revival("frozen")),
+        Spec(PICK, "lazyllm", "lazyllm", pick.with_revival("frozen")),
         Spec("paper-style", "lazyllm", "lazyllm", Schedule.paper_style(model, layers).with_revival("frozen")),
     ]
     for peer in ("gemfilter", "tsp"):
@@ -239,9 +241,11 @@ def _result(row: dict[str, Any], score_key: str = "score") -> ExampleResult:
 def summarize(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
     """Per row name (in ``names`` order, those with examples): n, loss with its interval, KL, KV, speeds;
     a press's ``own_loss`` is against the kvpress venv's unpruned model on the examples both have (its
-    own side's unpruned answers; for this side's rows the unpruned model is its own)."""
+    own side's unpruned answers; for this side's rows the unpruned model is its own); ``vs_pick``: its
+    loss against the tuned pick's answers, paired on the examples both have (None without the pick)."""
     out = []
     control = {r["example"]: r for r in rows if r["method"] == VENV_CONTROL}
+    picked = {r["example"]: r for r in rows if r["method"] == PICK and r["example"] != SPEED}
     for name in names:
         mine = [r for r in rows if r["method"] == name and r["example"] != SPEED]
         speed = next((r["speed"] for r in rows if r["method"] == name and r["example"] == SPEED), None)
@@ -261,8 +265,15 @@ def summarize(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict
                 if paired
                 else None
             )
+        both = [r for r in mine if r["example"] in picked]
+        vs_pick = (
+            loss_estimate([_result(r) for r in both], [_result(picked[r["example"]]) for r in both])
+            if both
+            else None
+        )
         out.append({
             "name": name, "n": len(mine), "side": mine[0]["side"], "loss": loss, "own_loss": own,
+            "vs_pick": vs_pick,
             "kl": kl_so_far(drifts, weights),
             "kv_bytes": statistics.fmean(r["kv_bytes"] for r in mine),
             "kv_share": statistics.fmean(r["kv_bytes"] / r["kv_bytes_unpruned"] for r in mine),
@@ -280,15 +291,15 @@ def _interval(est: Any) -> str:
 def markdown(summary: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| method | TTFT speedup (measured) | FLOP speedup | KV cache kept after prefill | task loss [90%] "
-        "| task loss vs own side's unpruned [90%] | KL (nats) | n |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task loss vs own side's unpruned [90%] | loss vs the tuned pick, paired [90%] | KL (nats) | n |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         ttft = "not timed" if s["ttft_speedup"] is None else f"{s['ttft_speedup']:.2f}x"
         lines.append(
             f"| {s['name']} | {ttft} | {s['flop_speedup']:.2f}x | {s['kv_bytes'] / 2**20:.1f} MiB "
             f"({100 * s['kv_share']:.0f}%) | {_interval(s['loss'])} | {_interval(s['own_loss'])} | "
-            f"{s['kl']:.3f} | {s['n']} |"
+            f"{_interval(s['vs_pick'])} | {s['kl']:.3f} | {s['n']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -216,3 +216,7 @@ def test_a_press_is_also_scored_against_its_own_venvs_unpruned_model() -> None:
     assert press["own_loss"].value == 50.0 and press["own_loss"].n == 2  # paired on the control's a and b
     assert ours["own_loss"] is ours["loss"] and ours["loss"].value == 50.0
     assert press["kl"] == pytest.approx(0.5 / 3) and press["kv_share"] == 0.5
+    # against the pick, paired on a and b (c has no pick answer): the press loses a's point
+    assert press["vs_pick"].value == 50.0 and press["vs_pick"].n == 2
+    assert ours["vs_pick"].value == 0.0 and control["vs_pick"].value == 0.0
+    assert table.markdown([press]).splitlines()[-1].split("|")[7].strip().startswith("50.00 [")
