@@ -107,6 +107,24 @@ def sampler_trials(study: optuna.Study) -> list[Any]:
     ]
 
 
+SEARCH_ONLY = ("--tracking-uri", "--n-trials")
+"""``tuner.search`` flags (with their values) that ``tuner.evaluate`` does not take."""
+
+
+def evaluate_flags(argv: list[str]) -> list[str]:
+    """The study's flags less the search-only ones: the start of its ``tuner.evaluate`` command."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in SEARCH_ONLY:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
 def row_of(study_name: str, arm: str, seed: int, argv: list[str], wall_s: float) -> dict[str, Any]:
     settings = parse_settings(argv)
     study = optuna.load_study(study_name=settings.name, storage=settings.storage_url)
@@ -125,7 +143,7 @@ def row_of(study_name: str, arm: str, seed: int, argv: list[str], wall_s: float)
         else " ".join(
             [
                 ".venv/bin/python -m tuner.evaluate",
-                *(a for a in argv if a not in ("--tracking-uri", "none")),
+                *evaluate_flags(argv),
                 "--split test --methods baseline,lazyllm",
                 f"--schedule {settings.study_dir / 'recommended.json'}",
                 *([f"--n-examples {test_n}"] if test_n else []),
