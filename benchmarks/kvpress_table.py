@@ -30,8 +30,9 @@ bytes kept after the prefill (LazyLLM-side: per layer the tokens it computed, :f
 what its cache holds) and their share of the unpruned model's; task loss against the unpruned model in
 score points with the 90% paired bootstrap interval (:func:`tuner.evaluation.runner.loss_estimate`),
 and each method's loss against the tuned pick itself, paired on the examples both have (a positive
-value: the method loses more than the pick); teacher-forced KL to the unpruned model along its answer (:mod:`tuner.evaluation.fidelity`; kvpress's
-against its own venv's unpruned model), macro-averaged over the datasets as the tuner averages it.
+value: the method loses more than the pick); teacher-forced KL to the unpruned model along its
+answer (:mod:`tuner.evaluation.fidelity`; kvpress's against its own venv's unpruned model),
+macro-averaged over the datasets as the tuner averages it.
 
 Resumable: each (method, example) is one JSON line of ``--out`` as soon as it is done (speed rows
 once per method), a rerun skips what is there (a truncated last line is cut off), and the table
@@ -238,6 +239,14 @@ def _result(row: dict[str, Any], score_key: str = "score") -> ExampleResult:
     )  # fmt: skip
 
 
+def _paired_loss(mine: Sequence[dict[str, Any]], reference: dict[str, dict[str, Any]]) -> Estimate | None:
+    """The loss of ``mine`` against ``reference``'s answers (rows by example), on the examples both have."""
+    paired = [r for r in mine if r["example"] in reference]
+    if not paired:
+        return None
+    return loss_estimate([_result(r) for r in paired], [_result(reference[r["example"]]) for r in paired])
+
+
 def summarize(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
     """Per row name (in ``names`` order, those with examples): n, loss with its interval, KL, KV, speeds;
     a press's ``own_loss`` is against the kvpress venv's unpruned model on the examples both have (its
@@ -257,20 +266,8 @@ def summarize(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict
             for r in mine
         ]
         weights = dict(zip((r["example"] for r in mine), macro_weights([r["dataset"] for r in mine])))
-        own: Estimate | None = loss
-        if mine[0]["side"] == "kvpress":
-            paired = [r for r in mine if r["example"] in control]
-            own = (
-                loss_estimate([_result(r) for r in paired], [_result(control[r["example"]]) for r in paired])
-                if paired
-                else None
-            )
-        both = [r for r in mine if r["example"] in picked]
-        vs_pick = (
-            loss_estimate([_result(r) for r in both], [_result(picked[r["example"]]) for r in both])
-            if both
-            else None
-        )
+        own = _paired_loss(mine, control) if mine[0]["side"] == "kvpress" else loss
+        vs_pick = _paired_loss(mine, picked)
         out.append({
             "name": name, "n": len(mine), "side": mine[0]["side"], "loss": loss, "own_loss": own,
             "vs_pick": vs_pick,

@@ -21,8 +21,7 @@ sampler's own complete trials (not queued: no warm start, reference or duplicate
 draw): how many, how many feasible (KL bound within the cap) and how many faster than 1.3x within
 0.15 nats (issue 52's count); and how many proposals the speed floor (``--min-speedup``) stopped.
 The held-out check runs on few test examples; test each pick on 300 with the ``tuner.evaluate``
-command each row carries. Timings are only comparable between runs on an
-otherwise idle machine.
+command each row carries. Timings are only comparable between runs on an otherwise idle machine.
 """
 
 from __future__ import annotations

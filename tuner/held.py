@@ -60,10 +60,7 @@ def _act(handler: Any, frame: FrameType | None) -> None:
     if handler is signal.SIG_DFL:
         signal.raise_signal(signal.SIGINT)  # the default: the process ends by the signal
         return
-    if callable(handler):
-        handler(signal.SIGINT, frame)  # Python's own default raises KeyboardInterrupt here
-        return
-    raise KeyboardInterrupt
+    handler(signal.SIGINT, frame)  # a Python handler; Python's own default raises KeyboardInterrupt
 
 
 def whole(method: Callable[P, R]) -> Callable[P, R]:
