@@ -53,7 +53,7 @@ from lazyllm.schedule import Revival, Schedule
 from lazyllm.scoring import Scoring
 from tuner.data.longbench import unit_hash
 from tuner.report.figure import pyplot, write_figure
-from tuner.stages.rule import FreshKL, Refused, pooled_rule
+from tuner.stages.rule import FreshKL, Refused, measured_fresh_kl, pooled_rule
 from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, weighted_mean
 from tuner.statistics.calibration import ScoredSchedule, check_exponent
 from tuner.statistics.cap import KL_PER_POINT
@@ -300,8 +300,9 @@ def replay(
                     def seen(
                         r: TrialRecord, refused: Refused, others: Sequence[str] = others, w: Any = w_rest
                     ) -> FreshKL:  # recorded KLs cost nothing: every prompt, no early stop
-                        return FreshKL(
-                            weighted_mean([grid[r.number].validation[k][0] for k in others], list(w))
+                        kls = [grid[r.number].validation[k][0] for k in others]
+                        return measured_fresh_kl(
+                            kls, list(w), [grid[0].datasets[k] for k in others], CONFIDENCE
                         )
 
                 baseline = None

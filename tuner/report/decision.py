@@ -247,7 +247,8 @@ def power_line(outcome: StudyOutcome) -> str | None:
         return None
     what = "prompts" if outcome.identity.task_fingerprint is not None else "examples"
     kl = best.values[1] if conf.fresh is None else conf.fresh.judged(best.number, best.values[1])
-    c = certainty(kl, conf.calibration, outcome.task_budget)
+    up = None if conf.fresh is None else conf.fresh.judged_upper(best.number, best.values[1])
+    c = certainty(kl, conf.calibration, outcome.task_budget, up)
     if c is None:  # keep-all: what the prompts say of the next faster schedule
         return _next_power(outcome, what)
     if c.no_cost:

@@ -34,7 +34,15 @@ from tuner.data.longbench import OPENQA_DATASETS
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
-from tuner.stages.rule import FreshKL, Refused, judged_kl, pooled_rule, to_score
+from tuner.stages.rule import (
+    FreshKL,
+    Refused,
+    judged_kl,
+    judged_kl_upper,
+    measured_fresh_kl,
+    pooled_rule,
+    to_score,
+)
 from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.statistics.bootstrap import Estimate, macro_weights
 from tuner.statistics.calibration import Calibration, ScoredSchedule
@@ -111,12 +119,15 @@ class FreshCheck:
         stopped: (trial, prompts measured) for every schedule whose check stopped early, refused on the
             prompts measured so far (:data:`tuner.stages.rule.FreshDrift`): its KL is then a lower bound
             of the mean over all ``n_examples``, the rest counted at 0.
+        upper: (trial, one-sided bound of its mean KL at the study's ``confidence``, resampling the
+            prompts within each dataset) for every schedule measured on all ``n_examples``.
     """
 
     prompts: str
     n_examples: int
     kl: tuple[tuple[int, float], ...] = ()
     stopped: tuple[tuple[int, int], ...] = ()
+    upper: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_examples < 0:
@@ -129,6 +140,13 @@ class FreshCheck:
                 raise ValueError(
                     f"stopped ({trial}, {n}): a stopped check is of a measured trial, after 0 to "
                     f"{self.n_examples - 1} of its {self.n_examples} prompts"
+                )
+        cut = {t for t, _ in self.stopped}
+        for trial, up in self.upper:
+            kl = self.of(trial)
+            if kl is None or trial in cut or not up >= kl:
+                raise ValueError(
+                    f"upper ({trial}, {up}): a bound is of a trial measured on every prompt, at least its KL"
                 )
 
     def measured(self, trial: int) -> int:
@@ -147,12 +165,17 @@ class FreshCheck:
         """The KL the rule judged ``trial`` (of KL ``kl`` on the calibration's examples) at."""
         return judged_kl(kl, self.of(trial))
 
+    def judged_upper(self, trial: int, kl: float) -> float | None:
+        """That KL's one-sided bound, where it is the fresh KL and the bound was measured (else None)."""
+        return judged_kl_upper(kl, self.of(trial), next((u for t, u in self.upper if t == trial), None))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompts": self.prompts,
             "n_examples": self.n_examples,
             "kl": [list(x) for x in self.kl],
             "stopped": [list(x) for x in self.stopped],
+            "upper": [list(x) for x in self.upper],
         }
 
     @classmethod
@@ -162,6 +185,7 @@ class FreshCheck:
             int(data["n_examples"]),
             tuple((int(t), float(kl)) for t, kl in data.get("kl", [])),
             tuple((int(t), int(n)) for t, n in data.get("stopped", [])),
+            tuple((int(t), float(u)) for t, u in data.get("upper", [])),
         )
 
 
@@ -204,8 +228,10 @@ class Confirmation:
         rec = self.recommended
         if rec is None or self.calibration is None:
             return None
-        kl = rec.search_loss if self.fresh is None else self.fresh.judged(rec.trial, rec.search_loss)
-        return self.calibration.upper_at_confidence(kl)
+        if self.fresh is None:
+            return self.calibration.upper_at_confidence(rec.search_loss)
+        kl = self.fresh.judged(rec.trial, rec.search_loss)
+        return self.calibration.upper_with_kl_error(kl, self.fresh.judged_upper(rec.trial, rec.search_loss))
 
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended
@@ -364,22 +390,26 @@ def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callab
 
 
 def fresh_kl_of(
-    there: FreshPrompts, engine: LazyLLM, refused: Refused, desc: str = "fresh KL"
-) -> tuple[float, int]:
+    there: FreshPrompts, engine: LazyLLM, refused: Refused, level: float, desc: str = "fresh KL"
+) -> tuple[FreshKL, int]:
     """``engine``'s mean KL on the fresh prompts ``there`` and how many prompts it was measured on:
-    all of them, or fewer where the KL so far (:func:`kl_so_far`, a lower bound) is already
-    ``refused``; the KL returned is then that bound (0 and no prompt where the rule refuses the
-    schedule at its own KL). A refused schedule's check stops at about the share of prompts its
-    bound needs, the one that passes reads them all."""
+    all of them (with the mean's one-sided bound at ``level``, resampling prompts within each
+    dataset), or fewer where the KL so far (:func:`kl_so_far`, a lower bound) is already
+    ``refused``; the KL returned is then that bound, not complete (0 and no prompt where the rule
+    refuses the schedule at its own KL). A refused schedule's check stops at about the share of
+    prompts its bound needs, the one that passes reads them all."""
 
     if refused(0.0):  # refused at its own KL at the check's level: no prompt can change that
-        return 0.0, 0
+        return FreshKL(0.0, complete=False), 0
 
     def settled(so_far: list[ExampleDrift]) -> str | None:  # refused already, whatever the rest drift
         return "refused" if refused(kl_so_far(so_far, there.weights)) else None
 
     drifts, _ = there.fidelity.evaluate(engine, should_stop=settled, desc=desc)
-    return kl_so_far(drifts, there.weights), len(drifts)  # the mean itself once all are read
+    if len(drifts) < len(there.fidelity.evaluator.examples):
+        return FreshKL(kl_so_far(drifts, there.weights), complete=False), len(drifts)
+    weights = [there.weights[f"{d.dataset}/{d.record_id}"] for d in drifts]
+    return measured_fresh_kl([d.kl for d in drifts], weights, [d.dataset for d in drifts], level), len(drifts)
 
 
 def confirm_pooled(
@@ -428,20 +458,22 @@ def confirm_pooled(
     fresh_on = fresh_prompts(runner, fid)
     fresh_kl: list[tuple[int, float]] = []
     stopped: list[tuple[int, int]] = []
+    uppers: list[tuple[int, float]] = []
     prompts: list[FreshPrompts] = []  # built on first use only
 
     def fresh(r: TrialRecord, refused: Refused) -> FreshKL:
         assert not isinstance(fresh_on, str)
         if not prompts:
             prompts.append(fresh_on())
-        kl, measured = fresh_kl_of(
-            prompts[0], runner.engine(r.schedule), refused, f"fresh KL of trial {r.number}"
+        seen, measured = fresh_kl_of(
+            prompts[0], runner.engine(r.schedule), refused, level, f"fresh KL of trial {r.number}"
         )
-        fresh_kl.append((r.number, kl))
-        complete = measured == len(prompts[0].fidelity.evaluator.examples)
-        if not complete:
+        fresh_kl.append((r.number, seen.kl))
+        if seen.upper is not None:
+            uppers.append((r.number, seen.upper))
+        if not seen.complete:
             stopped.append((r.number, measured))
-        return FreshKL(kl, complete)
+        return seen
 
     # the slope's bound at the decision level decides; every reported interval stays at ``level``
     decision = pooled_rule(
@@ -459,7 +491,7 @@ def confirm_pooled(
     else:
         there = prompts[0]
         check = FreshCheck(
-            there.text, len(there.fidelity.evaluator.examples), tuple(fresh_kl), tuple(stopped)
+            there.text, len(there.fidelity.evaluator.examples), tuple(fresh_kl), tuple(stopped), tuple(uppers)
         )
     picked = decision.picked
     out: list[CandidateResult] = []

@@ -95,10 +95,13 @@ class Certainty:
         return not self.no_cost and self.upper <= self.budget
 
 
-def certainty(kl: float, calibration: Calibration, budget: float) -> Certainty | None:
-    """The certainty at the study's ``confidence`` of a recommendation at mean KL ``kl`` chosen by
+def certainty(
+    kl: float, calibration: Calibration, budget: float, kl_upper: float | None = None
+) -> Certainty | None:
+    """The certainty at the study's ``confidence`` of a recommendation at mean KL ``kl`` (with
+    ``kl_upper``, that KL's own one-sided bound where it was measured on fresh prompts) chosen by
     ``calibration`` (None when that level was not recorded, or for keep-all, ``kl <= 0``)."""
-    upper = calibration.upper_at_confidence(kl)
+    upper = calibration.upper_with_kl_error(kl, kl_upper)
     slope_up = calibration.slope_upper_confidence
     if calibration.confidence is None or upper is None or slope_up is None or kl <= 0:
         return None
@@ -205,6 +208,10 @@ def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
         """The KL the rule judged ``r`` at (its validation KL, or the fresh one where larger)."""
         return r.values[1] if fresh is None else fresh.judged(r.number, r.values[1])
 
+    def judged_upper(r: TrialRecord) -> float | None:
+        """That KL's one-sided bound where it is a fresh KL measured on every prompt (else None)."""
+        return None if fresh is None else fresh.judged_upper(r.number, r.values[1])
+
     common = Decision(
         "nothing completed",
         recommended=_step(best),
@@ -214,7 +221,7 @@ def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
         timing=timing,
         certainty=None
         if best is None or calibration is None
-        else certainty(judged_kl(best), calibration, budget),
+        else certainty(judged_kl(best), calibration, budget, judged_upper(best)),
         n_validation=None if confirmation is None else confirmation.n_examples,
         calibration=calibration,
         fresh=fresh,

@@ -21,7 +21,11 @@ and reads nothing but its arguments.
    is within the budget and whose KL is within the scored evidence (:meth:`Calibration.covers`).
 5. **Fresh drift** (given ``fresh``): a schedule that passes 4 is also judged at its KL on prompts the
    search never saw (``fresh``, called fastest first until one passes), the larger of the two KLs,
-   and there at the slope's bound at ``confidence`` (the user's level), not at ``level``. A
+   and there at the slope's bound at ``confidence`` (the user's level), not at ``level``; where the
+   fresh KL is the larger, its own sampling error (its one-sided bound over the prompts, when the
+   measurer gives one) adds to the slope's in quadrature
+   (:meth:`~tuner.statistics.calibration.Calibration.upper_with_kl_error`): a mean over a few dozen
+   prompts, where a handful drift most, is an estimate too. A
    search that ranks about 50 schedules on a few examples, which its calibration then reads them at,
    keeps the lucky draws: its front's validation KLs understate their drift. A KL measured elsewhere
    carries no such selection, but its prompts are not the user's: the lower decision level is what
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tuner.stages.front import feasible_front
-from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED
+from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, estimate, weighted_mean
 from tuner.statistics.calibration import LINEAR, Calibration, ScoredSchedule, fit
 from tuner.statistics.losses import Loss, ScoreLoss
 from tuner.statistics.prior import SlopePrior
@@ -55,22 +59,40 @@ Evidence = Callable[[Sequence[TrialRecord]], Sequence[ScoredSchedule]]
 records hold, or a larger set). All at once, so a scorer may go example by example."""
 
 Refused = Callable[[float], bool]
-"""A fresh KL (nats) -> whether step 5 of :func:`pooled_rule` refuses the record at it. Non-decreasing in
-the KL: once a KL is refused, every larger one is too."""
+"""A fresh KL (nats) -> whether step 5 of :func:`pooled_rule` refuses the record at it, read as exact
+(its sampling error only adds to the bound, so it is refused then at any error too). Non-decreasing
+in the KL: once a KL is refused, every larger one is too."""
 
 
 @dataclass(frozen=True)
 class FreshKL:
     """What a :data:`FreshDrift` measured: a record's mean KL (nats per answer token) on prompts the
     search never saw, or, with ``complete`` False, a lower bound of it that the rule refuses (the
-    measurer stopped there: the prompts measured so far, counted over all of them with the rest at 0)."""
+    measurer stopped there: the prompts measured so far, counted over all of them with the rest at 0).
+    ``upper``: the mean's one-sided bound at the rule's ``confidence``, resampling the prompts (None:
+    not measured, or not complete; the rule then reads ``kl`` as exact)."""
 
     kl: float
     complete: bool = True
+    upper: float | None = None
 
     def __post_init__(self) -> None:
         if not self.kl >= 0:
             raise ValueError(f"fresh KL = {self.kl}: must be >= 0")
+        if self.upper is not None and (not self.complete or not self.upper >= self.kl):
+            raise ValueError(
+                f"fresh KL bound = {self.upper}: a complete check's bound, at least its mean {self.kl}"
+            )
+
+
+def measured_fresh_kl(
+    kls: Sequence[float], weights: Sequence[float], datasets: Sequence[str], confidence: float
+) -> FreshKL:
+    """The :class:`FreshKL` of a check that read every prompt: the weighted mean of the per-prompt
+    ``kls`` and its one-sided bound at ``confidence``, the prompts resampled within each dataset."""
+    kl = weighted_mean(kls, weights)
+    spread = estimate(kls, weights, strata=datasets, level=confidence)
+    return FreshKL(kl, upper=max(spread.upper, kl))
 
 
 FreshDrift = Callable[[TrialRecord, Refused], FreshKL]
@@ -107,12 +129,14 @@ class Verdict:
         ok: whether the rule accepts it (the pick is the first accepted, fastest first).
         why: the reason, in words.
         fresh_kl: its mean KL on prompts the search never saw (nats; None: not measured).
+        fresh_upper: that mean's one-sided bound at ``confidence`` (None: not measured).
     """
 
     record: TrialRecord
     ok: bool
     why: str
     fresh_kl: float | None = None
+    fresh_upper: float | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +167,12 @@ def judged_kl(kl: float, fresh_kl: float | None) -> float:
     return kl if fresh_kl is None else max(kl, fresh_kl)
 
 
+def judged_kl_upper(kl: float, fresh_kl: float | None, fresh_upper: float | None) -> float | None:
+    """The one-sided bound of the KL step 5 judges at (:func:`judged_kl`): the fresh KL's, where that
+    is the larger and its bound was measured; None where the KL is read as exact."""
+    return fresh_upper if fresh_kl is not None and fresh_kl >= kl else None
+
+
 def judge(
     kl: float,
     calibration: Calibration | None,
@@ -150,10 +180,12 @@ def judge(
     fresh_kl: float | None = None,
     *,
     complete: bool = True,
+    fresh_upper: float | None = None,
 ) -> tuple[bool, str]:
     """Whether a schedule of mean KL ``kl`` (nats, on the calibration's examples) is certified within
     ``budget``, and why; with ``fresh_kl`` (its KL on prompts the search never saw; not ``complete``:
-    a lower bound the check stopped at) also at the larger of the two."""
+    a lower bound the check stopped at) also at the larger of the two, with ``fresh_upper`` (the fresh
+    KL's one-sided bound at ``confidence``) counting its sampling error where the fresh KL is the larger."""
     if kl == 0:
         return True, "no drift (KL 0): the unpruned model's answers"
     if calibration is None:
@@ -170,8 +202,9 @@ def judge(
         why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
     if ok and fresh_kl is not None:
         at = judged_kl(kl, fresh_kl)
+        at_upper = judged_kl_upper(kl, fresh_kl, fresh_upper if complete else None)
         est, up = calibration.predicted(at)
-        conf = calibration.upper_at_confidence(at)
+        conf = calibration.upper_with_kl_error(at, at_upper)
         bound = up if conf is None else max(up, conf)
         ok = bound <= budget.budget
         level = calibration.level if conf is None else calibration.confidence
@@ -179,6 +212,7 @@ def judge(
         more = "no more" if at == kl else "more"
         seen = (
             f"it drifts {more}, KL {fresh_kl:.4f} nats"
+            + ("" if at_upper is None or conf is None else f" (at most {at_upper:.4f} at {level:.0%})")
             if complete
             else f"its KL is at least {fresh_kl:.4f} nats on the prompts measured before the check stopped"
             if at > kl
@@ -243,7 +277,7 @@ def pooled_rule(
     for r in front:
         kl = r.values[1]
         ok, why = judge(kl, calibration, budget)
-        seen = None
+        seen = upper = None
         if ok and check and kl > 0 and not any(v.ok for v in verdicts):
             assert fresh is not None
 
@@ -251,11 +285,13 @@ def pooled_rule(
                 return not judge(kl, calibration, budget, at)[0]
 
             measured = fresh(r, refused)
-            seen = measured.kl
-            ok, why = judge(kl, calibration, budget, seen, complete=measured.complete)
+            seen, upper = measured.kl, measured.upper
+            ok, why = judge(
+                kl, calibration, budget, seen, complete=measured.complete, fresh_upper=measured.upper
+            )
             if ok and not measured.complete:
                 raise ValueError(
                     f"the fresh check of trial {r.number} stopped at a KL the rule does not refuse"
                 )
-        verdicts.append(Verdict(r, ok, why, seen))
+        verdicts.append(Verdict(r, ok, why, seen, upper))
     return PooledDecision(tuple(front), scored, calibration, tuple(verdicts))

@@ -309,6 +309,25 @@ class Calibration:
             return None
         return max(self.slope_upper_confidence * self.shape(kl), 0.0)
 
+    def upper_with_kl_error(self, kl: float, kl_upper: float | None) -> float | None:
+        """The task-loss bound (points) at ``confidence`` of a schedule whose mean KL ``kl`` is itself a
+        sample's mean, with ``kl_upper`` its one-sided bound at ``confidence`` (None: ``kl`` taken as
+        exact, :meth:`upper_at_confidence`); None when that level was not recorded.
+
+        Two independent errors (the slope's, from the calibration's examples; the KL's, from other
+        prompts) add in quadrature around the estimate ``b * K^p`` (a negative one taken as 0):
+        ``est + sqrt((b_up K^p - est)^2 + (b (kl_upper^p - K^p))^2)``, never below
+        :meth:`upper_at_confidence` and non-decreasing in both KLs. With ``b <= 0`` the KL's error
+        moves no prediction, and the slope's bound alone stays."""
+        bound = self.upper_at_confidence(kl)
+        if bound is None or kl_upper is None:
+            return bound
+        if kl_upper < kl:
+            raise ValueError(f"KL bound {kl_upper} below its mean {kl}: give the one-sided upper bound")
+        est = max(self.slope * self.shape(kl), 0.0)
+        from_kl = max(self.slope, 0.0) * (self.shape(kl_upper) - self.shape(kl))
+        return est + math.hypot(bound - est, from_kl)
+
     def examples_to_certify(self, kl: float, budget: float, *, at_confidence: bool = False) -> int | None:
         """How many examples would certify a schedule at ``kl`` (None: its estimate is over budget), at
         ``level``, or at ``confidence`` with ``at_confidence`` (None too when that was not recorded)."""

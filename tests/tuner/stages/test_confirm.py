@@ -18,7 +18,8 @@ from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
 from tuner.stages.confirm import Confirmation, FreshPrompts, candidate_of, confirm, fresh_kl_of
 from tuner.stages.front import fastest_feasible, study_records
-from tuner.stages.rule import spread
+from tuner.stages.rule import measured_fresh_kl, spread
+from tuner.statistics.bootstrap import estimate, macro_weights
 from tuner.statistics.losses import BaselineStats, Budget, ScoreLoss
 from tuner.study.identity import StudyIdentity
 from tuner.study.outcome import StudyOutcome
@@ -287,6 +288,9 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
     drifts, _ = there.fidelity.evaluate(there.engine(best.schedule))
     assert fresh["kl"][0][1] == pytest.approx(sum(x.kl for x in drifts) / len(drifts), rel=1e-6)
     assert fresh["kl"][0][1] != pytest.approx(best.values[1], rel=1e-3)  # other prompts, another KL
+    datasets = [x.dataset for x in drifts]  # its bound: the prompts resampled within each dataset
+    bound = measured_fresh_kl([x.kl for x in drifts], macro_weights(datasets), datasets, 0.9).upper
+    assert fresh["upper"] == [[best.number, pytest.approx(bound, rel=1e-6)]]
     paragraph = Schedule.load(d / "recommended.json").metadata["decision"]
     assert "re-measured its front's KL on 6 prompts the search never saw" in paragraph
     # without a local open-QA folder the check cannot run, and the paragraph says how to give one
@@ -298,6 +302,7 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
         "n_examples": 0,
         "kl": [],
         "stopped": [],
+        "upper": [],
     }
     # a search on as many examples as the check would hold gains nothing from it
     few = tmp_path / "few"
@@ -349,12 +354,21 @@ def test_an_open_qa_search_rechecks_its_front_on_the_calibration_examples_it_did
     weights = {ex.key: 1.0 for ex in prompts}
     on = FreshPrompts(there, weights, "the 4 prompts")
     assert drifts[0].kl > 0
-    assert fresh_kl_of(on, engine, lambda at: True) == (0.0, 0)  # refused at its own KL: no prompt read
-    assert fresh_kl_of(on, engine, lambda at: at > 0) == (pytest.approx(drifts[0].kl / 4, rel=1e-6), 1)
-    assert fresh_kl_of(on, engine, lambda at: False) == (
-        pytest.approx(sum(x.kl for x in drifts) / 4, rel=1e-6),
-        4,
-    )
+    none, read = fresh_kl_of(on, engine, lambda at: True, 0.9)  # refused at its own KL: no prompt read
+    assert (none.kl, none.complete, none.upper, read) == (0.0, False, None, 0)
+    one, read = fresh_kl_of(on, engine, lambda at: at > 0, 0.9)
+    assert one.kl == pytest.approx(drifts[0].kl / 4, rel=1e-6) and read == 1
+    assert not one.complete and one.upper is None  # a lower bound has no sampling bound
+    every, read = fresh_kl_of(on, engine, lambda at: False, 0.9)
+    assert every.kl == pytest.approx(sum(x.kl for x in drifts) / 4, rel=1e-6) and read == 4
+    # the mean's one-sided bound at 90%, resampling prompts within each dataset
+    expect = estimate([x.kl for x in drifts], [1.0] * 4, strata=[x.dataset for x in drifts], level=0.9)
+    assert every.complete and every.upper == pytest.approx(max(expect.upper, every.kl))
+    assert every.upper is not None and (every.upper > every.kl or len({x.kl for x in drifts}) == 1)
+    # the stored check: a bound for each trial measured on every prompt, none for a stopped one
+    stopped = {t for t, _ in fresh["stopped"]}
+    assert {t for t, _ in fresh["upper"]} == {t for t, _ in fresh["kl"]} - stopped
+    assert all(up >= dict(map(tuple, fresh["kl"]))[t] for t, up in fresh["upper"])  # type: ignore[arg-type]
     # a calibration on the search's own examples has nothing beyond them
     same = tmp_path / "same"
     assert main([*argv[: argv.index("--confirm-n-examples")], "--output", str(same)]) == 0

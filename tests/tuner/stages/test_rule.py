@@ -13,7 +13,7 @@ import tuner.stages.rule as rule
 from lazyllm.schedule import Revival, Schedule
 from tests.support import load_benchmark
 from tuner.statistics.bootstrap import estimate
-from tuner.statistics.calibration import ScoredSchedule
+from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.study.records import TrialRecord
 
@@ -197,6 +197,47 @@ def test_the_fresh_check_judges_at_the_users_confidence_not_the_decision_level()
     assert decision.picked is not None and decision.picked.number == 1
 
 
+def test_the_fresh_kls_own_sampling_error_counts_where_it_is_the_judged_kl() -> None:
+    """A fresh KL is a mean over a few dozen prompts: its one-sided bound adds to the slope's in
+    quadrature, so a schedule that passes at the fresh mean read as exact can be refused by its error;
+    where its own KL is the larger, the fresh bound is not what it is judged at."""
+    asked: list[int] = []
+
+    def decide(fresh: rule.FreshKL) -> rule.PooledDecision:
+        def seen(r: TrialRecord, refused: rule.Refused) -> rule.FreshKL:
+            asked.append(r.number)
+            return fresh
+
+        return rule.pooled_rule(
+            RECORDS, FidelityLoss(1.0), ScoreLoss(2.0), 6, WEIGHTS, _evidence, level=0.6, confidence=0.9,
+            fresh=seen,
+        )  # fmt: skip
+
+    # the slope is exactly 40 on every resample: at 0.04 nats trial 1 loses 1.6 points, its bound too
+    exact = decide(rule.FreshKL(0.04))
+    assert exact.picked is not None and exact.picked.number == 1
+    # a bound of 0.06 adds 40 x 0.02 = 0.8: 2.4 > 2, refused; 0.045 adds 0.2: 1.8, certified
+    wide = decide(rule.FreshKL(0.04, upper=0.06))
+    assert wide.picked is not None and wide.picked.number == 0
+    verdict = wide.verdicts[1]
+    assert not verdict.ok and verdict.fresh_kl == 0.04 and verdict.fresh_upper == 0.06
+    assert (
+        "KL 0.0400 nats (at most 0.0600 at 90%)" in verdict.why
+        and "(upper bound at 90% 2.40) > budget 2" in verdict.why
+    )
+    narrow = decide(rule.FreshKL(0.04, upper=0.045))
+    assert narrow.picked is not None and narrow.picked.number == 1
+    assert "(upper bound at 90% 1.80) <= budget 2" in narrow.verdicts[1].why
+    # fresh prompts that drift less: judged at its own KL 0.02 (0.8 points), the fresh bound not read
+    less = decide(rule.FreshKL(0.01, upper=0.5))
+    assert less.picked is not None and less.picked.number == 1
+    assert asked == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="a complete check's bound, at least its mean"):
+        rule.FreshKL(0.04, upper=0.03)
+    with pytest.raises(ValueError, match="a complete check's bound"):
+        rule.FreshKL(0.04, complete=False, upper=0.05)
+
+
 def _grid(bench: ModuleType) -> list[object]:
     out = []
     for r in RECORDS:
@@ -235,7 +276,7 @@ def test_the_benchmark_replays_the_fresh_drift_check_of_the_products_rule(
     monkeypatch.setattr(
         rule,
         "judge",
-        lambda kl, cal, budget, fresh_kl=None, complete=True: (
+        lambda kl, cal, budget, fresh_kl=None, complete=True, fresh_upper=None: (
             (False, "x") if fresh_kl is not None else judge(kl, cal, budget)
         ),
     )
@@ -424,6 +465,27 @@ def test_the_judged_kl_is_the_larger_measured_one_everywhere() -> None:
     assert check.judged(4, 0.1) == 0.3
     assert check.judged(7, 0.1) == 0.1
     assert check.judged(5, 0.1) == 0.1  # not measured: its own KL
+    bounded = FreshCheck("open-QA validation", 24, ((4, 0.3), (7, 0.01)), upper=((4, 0.45), (7, 0.02)))
+    assert bounded.judged_upper(4, 0.1) == 0.45  # judged at the fresh KL: its bound
+    assert bounded.judged_upper(7, 0.1) is None  # judged at its own KL: read as exact
+    assert check.judged_upper(4, 0.1) is None  # no bound stored
+    assert FreshCheck.from_dict(bounded.to_dict()) == bounded
+    with pytest.raises(ValueError, match="a bound is of a trial measured on every prompt"):
+        FreshCheck("open-QA validation", 24, ((4, 0.3),), ((4, 3),), upper=((4, 0.45),))
+
+
+def test_the_stored_picks_bound_is_the_one_the_rule_judged_it_at() -> None:
+    """The report's bound of the pick at --confidence reads the fresh KL's error as the rule did."""
+    from tuner.stages.confirm import Confirmation, FreshCheck, candidate_of
+
+    cal = Calibration(
+        10.0, 12.0, 0.6, 200, (1,), 0.3, ((1, 0.3, 3.0),), confidence=0.9, slope_upper_confidence=20.0
+    )
+    pick = candidate_of(RECORDS[1], "confirmed", None, "x")  # its own KL 0.02
+    fresh = FreshCheck("open-QA validation", 24, ((1, 0.1),), upper=((1, 0.15),))
+    conf = Confirmation(2.0, 0.9, (pick,), 200, 3, "pooled", cal, fresh)
+    assert conf.recommended_upper_at_confidence() == pytest.approx(cal.upper_with_kl_error(0.1, 0.15))
+    assert conf.recommended_upper_at_confidence() == pytest.approx(1.0 + (1.0 + 0.25) ** 0.5)
 
 
 def test_the_replay_reports_the_speed_kept_by_an_oracle_of_the_validation_pool() -> None:

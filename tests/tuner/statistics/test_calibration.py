@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -148,3 +149,26 @@ def test_an_exponent_outside_zero_to_one_is_one_line(bad: object) -> None:
     scored, weights = _simulate_concave(6.0, 20, [0.1], seed=0)
     with pytest.raises(ValueError, match="calibration exponent"):
         fit(scored, weights, level=0.9, exponent=bad)  # type: ignore[arg-type]
+
+
+def test_a_kl_measured_on_a_sample_widens_the_bound_in_quadrature() -> None:
+    """The bound at --confidence of a schedule whose KL is a sample mean: the slope's error and the
+    KL's add in quadrature around the estimate, never below the bound of the KL read as exact."""
+    cal = Calibration(
+        10.0, 12.0, 0.6, 200, (1,), 0.3, ((1, 0.3, 3.0),), confidence=0.9, slope_upper_confidence=20.0
+    )
+    assert cal.upper_with_kl_error(0.1, None) == cal.upper_at_confidence(0.1) == pytest.approx(2.0)
+    assert cal.upper_with_kl_error(0.1, 0.1) == pytest.approx(2.0)  # a KL with no error
+    # estimate 1.0; the slope adds 1.0 (2.0 - 1.0), the KL 10 x 0.05 = 0.5: 1 + sqrt(1 + 0.25)
+    assert cal.upper_with_kl_error(0.1, 0.15) == pytest.approx(1.0 + math.hypot(1.0, 0.5))
+    bounds = [cal.upper_with_kl_error(0.1, up) or 0.0 for up in (0.1, 0.12, 0.15, 0.3)]
+    assert bounds == sorted(bounds) and bounds[-1] > bounds[0] > 0
+    # a calibration that measured no cost: the KL's error moves no prediction, the slope's bound stays
+    none = Calibration(
+        -3.0, 5.0, 0.6, 13, (1,), 0.3, ((1, 0.3, -0.9),), confidence=0.9, slope_upper_confidence=40.0
+    )
+    assert none.upper_with_kl_error(0.05, 0.5) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match=r"KL bound 0\.05 below its mean 0\.1"):
+        cal.upper_with_kl_error(0.1, 0.05)
+    unrecorded = Calibration(10.0, 12.0, 0.6, 200, (1,), 0.3, ((1, 0.3, 3.0),))
+    assert unrecorded.upper_with_kl_error(0.1, 0.15) is None
