@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tuner.stages.front import feasible_front
-from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, estimate, weighted_mean
+from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, estimate
 from tuner.statistics.calibration import LINEAR, Calibration, ScoredSchedule, fit
 from tuner.statistics.losses import Loss, ScoreLoss
 from tuner.statistics.prior import SlopePrior
@@ -90,9 +90,8 @@ def measured_fresh_kl(
 ) -> FreshKL:
     """The :class:`FreshKL` of a check that read every prompt: the weighted mean of the per-prompt
     ``kls`` and its one-sided bound at ``confidence``, the prompts resampled within each dataset."""
-    kl = weighted_mean(kls, weights)
-    spread = estimate(kls, weights, strata=datasets, level=confidence)
-    return FreshKL(kl, upper=max(spread.upper, kl))
+    spread = estimate(kls, weights, strata=datasets, level=confidence)  # its value is the weighted mean
+    return FreshKL(spread.value, upper=max(spread.upper, spread.value))
 
 
 FreshDrift = Callable[[TrialRecord, Refused], FreshKL]
