@@ -463,13 +463,18 @@ def split_sizes(grid: Sequence[GridSchedule]) -> tuple[int, int]:
 
 SHAPES = (1.0, 0.75, 0.5)
 """Exponents ``p`` of the cost curves :func:`shape_table` compares: task loss = slope * KL^p."""
+SMALL_KL = 0.1
+"""The region :func:`shape_table` also judges alone: schedules drifting at most this many nats on the
+judged split, where a 2-point budget's picks sit (docs/statistics.md#small-drifts-cost-more)."""
 
 
 def shape_table(grid: Sequence[GridSchedule]) -> str:
     """How task loss grows with KL across the grid's schedules: for each exponent of :data:`SHAPES`,
     the slope of loss = slope * KL^p through the origin (least squares over the schedules' means),
     fitted on one split and judged on the other: the mean residual (the splits' offset) and their
-    spread around it (how well the shape ranks the schedules; the calibration fits ``p = 1``)."""
+    spread around it (how well the shape ranks the schedules; the calibration fits ``p = 1``), and the
+    mean residual of the schedules drifting at most :data:`SMALL_KL` nats there (positive: the shape
+    predicts less loss than they lose)."""
     means = {}
     for g in grid:
         if g.test_kl is None:
@@ -480,8 +485,9 @@ def shape_table(grid: Sequence[GridSchedule]) -> str:
             (g.test_kl, g.test_loss),
         )
     lines = [
-        "| shape | fitted on | slope | residual mean on the other split | residual spread (sd) |",
-        "|---|---|---|---|---|",
+        "| shape | fitted on | slope | residual mean on the other split | residual spread (sd) "
+        f"| residual mean at KL <= {SMALL_KL:g} (schedules) |",
+        "|---|---|---|---|---|---|",
     ]
     for p in SHAPES:
         for fit, judge, label in ((0, 1, "validation"), (1, 0, "test")):
@@ -490,7 +496,9 @@ def shape_table(grid: Sequence[GridSchedule]) -> str:
             res = [means[n][judge][1] - slope * means[n][judge][0] ** p for n in means]
             bias = sum(res) / len(res)
             sd = (sum((r - bias) ** 2 for r in res) / len(res)) ** 0.5
-            lines.append(f"| KL^{p:g} | {label} | {slope:.2f} | {bias:+.2f} | {sd:.2f} |")
+            small = [r for r, n in zip(res, means) if means[n][judge][0] <= SMALL_KL]
+            at_small = f"{sum(small) / len(small):+.2f} ({len(small)})" if small else "none"
+            lines.append(f"| KL^{p:g} | {label} | {slope:.2f} | {bias:+.2f} | {sd:.2f} | {at_small} |")
     return "\n".join(lines)
 
 
