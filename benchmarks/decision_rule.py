@@ -465,7 +465,7 @@ SHAPES = (1.0, 0.75, 0.5)
 """Exponents ``p`` of the cost curves :func:`shape_table` compares: task loss = slope * KL^p."""
 SMALL_KL = 0.1
 """The region :func:`shape_table` also judges alone: schedules drifting at most this many nats on the
-judged split, where a 2-point budget's picks sit (docs/statistics.md#small-drifts-cost-more)."""
+judged split, where a 2-point budget's picks sit (docs/statistics.md#small-drifts-cost-more-both-presets-on-the-square-root)."""
 
 
 def shape_table(grid: Sequence[GridSchedule]) -> str:
