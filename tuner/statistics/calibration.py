@@ -60,7 +60,11 @@ import numpy as np
 from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, check_level
 
 LINEAR = 1.0
-"""The calibration's default exponent: task loss proportional to KL."""
+"""The straight line: task loss proportional to KL (this module's functions' default shape)."""
+SQUARE_ROOT = 0.5
+"""A study's default shape (:attr:`tuner.study.settings.SearchSettings.calibration_exponent`): on the
+recorded open-QA grids' validation examples a straight line under-predicts what the schedules
+drifting least lose, and a budget's picks are among them (docs/statistics.md#small-drifts-cost-more-both-presets-on-the-square-root)."""
 
 
 def check_exponent(exponent: float) -> float:

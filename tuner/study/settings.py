@@ -47,7 +47,7 @@ from tuner.data.prompts import (
     load_prompts_file,
 )
 from tuner.evaluation.speed import CLOCKS
-from tuner.statistics.calibration import LINEAR, check_exponent
+from tuner.statistics.calibration import SQUARE_ROOT, check_exponent
 from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, MIN_SPEEDUP, SearchCap, agreement_cap, search_cap
 from tuner.statistics.prior import SlopePrior
 from tuner.statistics.prior import resolve as resolve_prior
@@ -318,10 +318,11 @@ class SearchSettings(EvalSettings):
         ),
     )
     calibration_exponent: float = field(
-        default=LINEAR,
+        default=SQUARE_ROOT,
         metadata=_help(
-            "shape p of the calibration, task loss = slope x KL^p, in (0, 1]: 1 a straight line, 0.5 a square "
-            "root (concave: a small KL costs relatively more); the slope prior must be fitted at the same p"
+            "shape p of the calibration, task loss = slope x KL^p, in (0, 1]: 0.5 a square root (concave: a "
+            "small KL costs relatively more, as the recorded grids show), 1 a straight line; the slope prior "
+            "must be fitted at the same p"
         ),
     )
     confirm_k: int = field(

@@ -13,6 +13,7 @@ import tuner.stages.rule as rule
 from lazyllm.schedule import Revival, Schedule
 from tests.support import load_benchmark
 from tuner.statistics.bootstrap import estimate
+from tuner.statistics.calibration import LINEAR
 from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.study.records import TrialRecord
@@ -239,6 +240,8 @@ def test_the_fresh_kls_own_sampling_error_counts_where_it_is_the_judged_kl() -> 
 
 
 def _grid(bench: ModuleType) -> list[object]:
+    """The records as a replay grid whose task loss is straight in KL (SLOPE points per nat): replay it
+    with ``exponent=LINEAR``."""
     out = []
     for r in RECORDS:
         val = {k: (v, SLOPE * v) for k, v in r.per_example.items()}
@@ -253,7 +256,7 @@ def test_the_benchmark_replays_the_products_rule(monkeypatch: pytest.MonkeyPatch
     bench = load_benchmark("decision_rule")
     assert bench.pooled_rule is rule.pooled_rule  # imported, not copied
     grid = _grid(bench)
-    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
+    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5, exponent=LINEAR)]
     before = bench.replay(grid, 2.0, [10], resamples=4, settings=setting)[0]
     assert before["no_pick"] == 0.0 and before["most_common_pick"] == "1"
     # break the product's rule (judge rejects everything that drifts): the benchmark must see it
@@ -269,7 +272,7 @@ def test_the_benchmark_replays_the_fresh_drift_check_of_the_products_rule(
     refuses whatever it checks there must show in the replay."""
     bench = load_benchmark("decision_rule")
     grid = _grid(bench)
-    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
+    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5, exponent=LINEAR)]
     plain = bench.replay(grid, 2.0, [4], resamples=4, settings=setting, fresh=4)[0]
     assert plain["rule"].endswith(", fresh KL on 4") and plain["most_common_pick"] == "1"
     judge = rule.judge
@@ -446,7 +449,7 @@ def test_the_replay_measures_how_much_more_its_pick_drifts_on_test() -> None:
     import dataclasses
 
     bench = load_benchmark("decision_rule")
-    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
+    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5, exponent=LINEAR)]
     plain = bench.replay(_grid(bench), 2.0, [10], resamples=4, settings=setting)[0]
     assert plain["pick_kl_test_over_draw"] is None  # rows without a test KL
     doubled = [
@@ -499,7 +502,7 @@ def test_the_replay_reports_the_speed_kept_by_an_oracle_of_the_validation_pool()
     import dataclasses
 
     bench = load_benchmark("decision_rule")
-    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5)]
+    setting = [bench.RuleSetting(k=6, level=0.6, kl_per_point=0.5, exponent=LINEAR)]
     grid = _grid(bench)  # validation: trial 1 (1.4x) loses about 0.8 points, trial 2 (1.9x) about 8
     row = bench.replay(grid, 2.0, [10], resamples=2, settings=setting)[0]
     assert row["best_within_budget_on_test"] == 1.4 and row["speed_kept_by_pool_oracle"] == pytest.approx(1.0)
@@ -538,9 +541,12 @@ def test_a_concave_calibration_refuses_the_slow_schedule_the_line_under_predicts
         for p in (1.0, 0.5)
     )
     assert line["most_common_pick"] == "1" and curved["most_common_pick"] == "0"
-    assert (
-        curved["rule"].startswith("pooled, k 6") and "KL^0.5" in curved["rule"] and curved["exponent"] == 0.5
-    )
+    assert line["exponent"] == 1.0 and curved["exponent"] == 0.5
+    # a label names its shape where it is not the study's default (bench.EXPONENT)
+    for r in (line, curved):
+        assert r["rule"].startswith("pooled, k 6")
+        shaped = r["exponent"] != bench.EXPONENT
+        assert (f"KL^{r['exponent']:g}" in r["rule"]) == shaped
     assert curved["default"] and line["default"]  # the study's knobs at either shape: a power curve each
 
 
