@@ -6,7 +6,9 @@ the parent's KILLED status) writes through another connection of the same proces
 SQLite's busy timeout (MLflow sets 20 s) on every write: a Ctrl-C that takes a minute to end the run.
 Inside :func:`held_interrupts` the first Ctrl-C is remembered and raised as soon as the block ends, so
 the write it arrived in finishes first; a second Ctrl-C is raised at once (a tracking server that
-hangs must not make Ctrl-C useless). Standard library only.
+hangs must not make Ctrl-C useless). The first import of matplotlib is held the same way
+(:func:`tuner.report.figure.pyplot`): an interrupt inside a compiled module's initialisation turns
+into an ImportError. Standard library only.
 """
 
 from __future__ import annotations

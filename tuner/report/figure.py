@@ -7,17 +7,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lazyllm.atomic import replace_with
+from tuner.held import held_interrupts
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
 def pyplot():  # type: ignore[no-untyped-def]
-    """``matplotlib.pyplot`` on the Agg backend (no display needed; imported only when drawing)."""
-    import matplotlib
+    """``matplotlib.pyplot`` on the Agg backend (no display needed; imported only when drawing). The
+    first import holds a Ctrl-C until it is done: one arriving inside a compiled module's
+    initialisation surfaces as ``ImportError: initialization failed``, not as the interrupt it was."""
+    with held_interrupts():
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     return plt
 

@@ -13,8 +13,7 @@ import tuner.stages.rule as rule
 from lazyllm.schedule import Revival, Schedule
 from tests.support import load_benchmark
 from tuner.statistics.bootstrap import estimate
-from tuner.statistics.calibration import LINEAR
-from tuner.statistics.calibration import Calibration, ScoredSchedule
+from tuner.statistics.calibration import LINEAR, Calibration, ScoredSchedule
 from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.study.records import TrialRecord
 

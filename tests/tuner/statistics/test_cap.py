@@ -31,7 +31,7 @@ def _from_file(name: str, budget: float) -> float:
 @pytest.mark.parametrize(
     ("tokens", "exponent", "name"),
     [(1024, 1.0, "smollm2-135m-1024.json"), (2048, 1.0, "smollm2-135m-2048.json"),
-     (2048, 0.5, "smollm2-135m-2048-p0.5.json")],
+     (1024, 0.5, "smollm2-135m-1024-p0.5.json"), (2048, 0.5, "smollm2-135m-2048-p0.5.json")],
 )  # fmt: skip
 def test_the_cap_follows_the_packaged_prior_of_the_model_and_length(
     tokens: int, exponent: float, name: str
@@ -98,7 +98,7 @@ def test_the_constraint_optuna_reads_is_the_trials_bound_minus_the_prior_cap(
 ) -> None:
     """A real (tiny) study with a slope prior for its model: every complete trial's Optuna constraint
     is its KL bound minus the prior-derived cap, the identity and the report say which source set it."""
-    packaged = json.loads((PRIOR_DIR / "smollm2-135m-1024.json").read_text())
+    packaged = json.loads((PRIOR_DIR / "smollm2-135m-1024-p0.5.json").read_text())  # the default shape
     prior = tmp_path / "tiny-prior.json"
     prior.write_text(json.dumps({**packaged, "model": tiny_folder.name.lower()}))
     argv = [
@@ -108,7 +108,7 @@ def test_the_constraint_optuna_reads_is_the_trials_bound_minus_the_prior_cap(
         "--confirm-k", "0", "--no-heldout", "--slope-prior", str(prior),
     ]  # fmt: skip
     assert main(argv) == 0
-    cap = _from_file("smollm2-135m-1024.json", 2.0)
+    cap = _from_file("smollm2-135m-1024-p0.5.json", 2.0)
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
     identity = StudyIdentity.of_study(study)
     assert (
@@ -137,6 +137,6 @@ def test_mlflow_parameters_say_which_source_set_the_cap(tmp_path: Path) -> None:
         params = tracker.client.get_run(tracker.parent_id).data.params
         assert settings.cap is not None
         assert params["search_cap_source"] == "prior" and params["search_cap_prior"] == settings.cap.prior
-        assert float(params["search_cap"]) == pytest.approx(_from_file("smollm2-135m-1024.json", 2.0))
+        assert float(params["search_cap"]) == pytest.approx(_from_file("smollm2-135m-1024-p0.5.json", 2.0))
     finally:
         end_open_runs("FINISHED", "test over")

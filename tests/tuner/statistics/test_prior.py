@@ -12,7 +12,7 @@ import pytest
 import tuner.stages.rule as rule
 import tuner.statistics.prior as prior_module
 from tests.support import load_benchmark
-from tuner.statistics.calibration import Calibration, ScoredSchedule
+from tuner.statistics.calibration import LINEAR, SQUARE_ROOT, Calibration, ScoredSchedule
 from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.statistics.prior import PowerPoint, SlopePrior, nearest, packaged, packaged_path, resolve
 from tuner.study.settings import SearchSettings
@@ -77,8 +77,8 @@ def test_a_study_reads_the_prior_recorded_nearest_its_prompt_length(
     assert packaged("smollm2-135m", 2048) == long
     assert resolve("auto", "smollm2-135m", 1024) == short
     assert packaged("smollm2-135m-extra", 1024).slope == 30.0  # type: ignore[union-attr]
-    assert SearchSettings(max_prompt_tokens=2048).prior == long
-    assert SearchSettings(max_prompt_tokens=1024).prior == short
+    assert SearchSettings(max_prompt_tokens=2048, calibration_exponent=LINEAR).prior == long
+    assert SearchSettings(max_prompt_tokens=1024, calibration_exponent=LINEAR).prior == short
     assert packaged_path("smollm2-135m", 2048) == tmp_path / "smollm2-135m-2048.json"
 
 
@@ -224,16 +224,16 @@ def test_the_builder_fits_the_product_estimator_on_grid_rows(
 
 def test_a_study_reads_the_prior_once_and_refuses_a_bad_one(tmp_path: Path) -> None:
     path = _prior().save(tmp_path / "p.json")
-    assert SearchSettings(slope_prior=str(path)).prior == _prior()
+    assert SearchSettings(slope_prior=str(path), calibration_exponent=LINEAR).prior == _prior()
     assert SearchSettings(slope_prior="none").prior is None
-    assert SearchSettings().prior == packaged("smollm2-135m")
+    assert SearchSettings().prior == packaged("smollm2-135m", exponent=SQUARE_ROOT)  # the default shape's
     with pytest.raises(ValueError, match="no such file"):
         SearchSettings(slope_prior=str(tmp_path / "nope.json"))
     narrow = (
         _prior().__class__(**{**vars(_prior()), "bounds": ((0.5, 1.0), (0.8, 2.0))}).save(tmp_path / "n.json")
     )
     with pytest.raises(ValueError, match=r"holds bounds for 0\.5\.\.0\.8"):
-        SearchSettings(slope_prior=str(narrow))  # the rule reads the bound at --confidence 0.9
+        SearchSettings(slope_prior=str(narrow), calibration_exponent=LINEAR)  # the rule reads the bound at --confidence 0.9
 
 
 def test_a_baseline_scaled_prior_is_read_at_the_studys_unpruned_score() -> None:
@@ -287,13 +287,13 @@ def test_a_prior_is_read_only_at_the_exponent_it_was_fitted_at(
     line.save(packaged_path("smollm2-135m", 2048))
     root.save(packaged_path("smollm2-135m", 2048, 0.5))
     assert packaged_path("smollm2-135m", 2048, 0.5).name == "smollm2-135m-2048-p0.5.json"
-    assert SearchSettings(max_prompt_tokens=2048).prior == line
-    assert SearchSettings(max_prompt_tokens=2048, calibration_exponent=0.5).prior == root
+    assert SearchSettings(max_prompt_tokens=2048, calibration_exponent=1.0).prior == line
+    assert SearchSettings(max_prompt_tokens=2048).prior == root  # the default shape is the square root
     assert (
         packaged("smollm2-135m", 2048, 0.75) is None
     )  # none fitted at 0.75: no floor rather than a wrong one
     with pytest.raises(ValueError, match=r"fitted at exponent 0\.5, the calibration's is 1; give a prior"):
-        SearchSettings(slope_prior=str(tmp_path / "r.json"))
+        SearchSettings(slope_prior=str(tmp_path / "r.json"), calibration_exponent=1.0)
     with pytest.raises(ValueError, match=r"fitted at exponent 1, the calibration at 0\.5"):
         Calibration(3.0, 5.0, 0.6, 13, (1,), 0.4, ((1, 0.3, 0.9),), exponent=0.5).floored(line, 2.0)
     floored = Calibration(3.0, 5.0, 0.6, 13, (1,), 0.4, ((1, 0.3, 0.9),), 0.9, 7.0, exponent=0.5).floored(
