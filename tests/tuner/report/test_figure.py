@@ -29,5 +29,7 @@ SCRIPT = textwrap.dedent(
 def test_a_ctrl_c_inside_the_matplotlib_import_is_raised_once_the_import_is_whole() -> None:
     """A real SIGINT mid-import (fresh interpreter): the interrupt still arrives, as KeyboardInterrupt,
     and only after ``matplotlib.pyplot`` is whole, so no half-initialised module is left behind."""
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.stdout.strip() == "interrupted; pyplot imported", out.stderr[-2000:]

@@ -233,7 +233,9 @@ def test_a_study_reads_the_prior_once_and_refuses_a_bad_one(tmp_path: Path) -> N
         _prior().__class__(**{**vars(_prior()), "bounds": ((0.5, 1.0), (0.8, 2.0))}).save(tmp_path / "n.json")
     )
     with pytest.raises(ValueError, match=r"holds bounds for 0\.5\.\.0\.8"):
-        SearchSettings(slope_prior=str(narrow), calibration_exponent=LINEAR)  # the rule reads the bound at --confidence 0.9
+        SearchSettings(
+            slope_prior=str(narrow), calibration_exponent=LINEAR
+        )  # the rule reads the bound at --confidence 0.9
 
 
 def test_a_baseline_scaled_prior_is_read_at_the_studys_unpruned_score() -> None:

@@ -376,7 +376,9 @@ def test_the_slope_prior_and_its_floor_are_logged_to_the_parent_run(tmp_path: Pa
     )  # fmt: skip
     path = prior.save(tmp_path / "prior.json")
     settings, study, uri = _toy(tmp_path)
-    settings = dataclasses.replace(settings, slope_prior=str(path), calibration_exponent=1.0)  # the toy prior is straight
+    settings = dataclasses.replace(
+        settings, slope_prior=str(path), calibration_exponent=1.0
+    )  # the toy prior is straight
     tracker = Tracker(uri, settings, study, Budget.from_settings(settings))
     records, rec = _keep_all_and_a_confirmed_pick()
     cal = Calibration(-6.0, -1.5, 0.6, 13, (1,), 0.1, ((1, 0.1, -0.6),), 0.9, -0.5).floored(prior, 2.0)
