@@ -472,7 +472,7 @@ def shape_table(grid: Sequence[GridSchedule]) -> str:
     """How task loss grows with KL across the grid's schedules: for each exponent of :data:`SHAPES`,
     the slope of loss = slope * KL^p through the origin (least squares over the schedules' means),
     fitted on one split and judged on the other: the mean residual (the splits' offset) and their
-    spread around it (how well the shape ranks the schedules; the calibration fits ``p = 1``), and the
+    spread around it (how well the shape ranks the schedules; a study fits ``p = 0.5`` unless told), and the
     mean residual of the schedules drifting at most :data:`SMALL_KL` nats there (positive: the shape
     predicts less loss than they lose)."""
     means = {}
