@@ -37,8 +37,10 @@ setting), else the environment variable ``OPENQA_DIR`` (a folder holding the off
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import itertools
+import json
 import os
 import random
 from collections import Counter
@@ -46,10 +48,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from tqdm.auto import tqdm
 
+from tuner.data.embedded import HUB, PACKAGED, POOL_QUESTIONS, manifest, pool_path
 from tuner.data.longbench import (
     CHAT_MARGIN,
     OPENQA_DATASETS,
@@ -79,6 +82,11 @@ UNREACHABLE = (
     "the Hugging Face hub's {what} is unreachable ({why}); pass --openqa-dir DIR or set OPENQA_DIR to "
     "a folder holding hotpot_dev_distractor_v1.json and squad_dev_v2.0.json"
 )
+FULL_SETS = (
+    "pass --openqa-dir DIR (a folder holding hotpot_dev_distractor_v1.json and squad_dev_v2.0.json) "
+    "or --openqa-dir hub"
+)
+"""Where to turn when the packaged pool cannot serve a request."""
 
 PROMPTS = PromptConfig(
     source="longbench",
@@ -156,13 +164,74 @@ class Question:
             raise ValueError(f"question {self.id}: a passage is both gold and distractor")
 
 
+class SparsePassages(Sequence[Passage]):
+    """Some of the passages of a corpus of ``size`` passages, by their index in it: what a packaged pool
+    (:class:`Pool`) keeps. Reading a passage it does not hold is a ``ValueError`` saying ``missing``.
+
+    Args:
+        size: how many passages the whole corpus has (a draw of "other" passages ranges over them all).
+        items: index -> passage, for the indices kept.
+        group_sizes: group -> how many passages of the whole corpus are in it, for the groups the kept
+            questions have (the draw counts the passages it may take).
+        missing: the message of the error raised for an index not kept.
+    """
+
+    def __init__(
+        self, size: int, items: Mapping[int, Passage], group_sizes: Mapping[str, int], missing: str
+    ) -> None:
+        if any(not 0 <= i < size for i in items):
+            raise ValueError(f"a kept passage index is outside 0..{size - 1}")
+        self._size = size
+        self.items = dict(items)
+        self.group_sizes = Counter(group_sizes)
+        self._missing = missing
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, index: int) -> Passage: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Passage]: ...
+    def __getitem__(self, index: int | slice) -> Passage | Sequence[Passage]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._size))]
+        if not 0 <= index < self._size:
+            raise IndexError(index)
+        try:
+            return self.items[index]
+        except KeyError:
+            raise ValueError(self._missing.format(index=index)) from None
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What a packaged corpus holds of its source: the first questions of one split, in sample order.
+
+    Args:
+        split: the split its questions are from (:func:`split_questions`).
+        split_seed: the seed of that split and of the records' draws.
+        source_sha256: sha256 of the official file it was cut from (the fingerprint of its records).
+        draws: how many "other" passages of each question's draw it keeps (:func:`other_passages`).
+    """
+
+    split: Split
+    split_seed: int
+    source_sha256: str
+    draws: int
+
+
 @dataclass(frozen=True)
 class Corpus:
-    """The passages and questions of one open-QA dataset, in file order (passages deduplicated)."""
+    """The passages and questions of one open-QA dataset, in file order (passages deduplicated).
+
+    A packaged corpus (``pool`` set) holds only some passages (:class:`SparsePassages`) and the first
+    questions of one split in sample order; :func:`split_questions` serves that split alone."""
 
     dataset: str
-    passages: tuple[Passage, ...]
+    passages: Sequence[Passage]
     questions: tuple[Question, ...]
+    pool: Pool | None = None
 
     def __post_init__(self) -> None:
         if self.dataset not in OPENQA_DATASETS:
@@ -182,6 +251,8 @@ class Corpus:
 
     @cached_property
     def group_sizes(self) -> Counter[str]:
+        if isinstance(self.passages, SparsePassages):
+            return self.passages.group_sizes
         return Counter(p.group for p in self.passages)
 
 
@@ -356,6 +427,75 @@ def load_corpus_parquet(location: str, dataset: str) -> Corpus:
     return _CORPUS_FROM_JSON[dataset](data, location)
 
 
+POOL_FORMAT = "lazyllm-openqa-pool"
+POOL_VERSION = 1
+
+
+def pool_to_json(
+    corpus: Corpus, pool: Pool, questions: Sequence[Question], kept: Sequence[int]
+) -> dict[str, Any]:
+    """A packaged pool of the full ``corpus`` as JSON: ``questions`` (the split's first, in sample
+    order), the passages ``kept`` (by index), and the sizes of the questions' groups."""
+    groups = sorted({g for q in questions for g in q.groups})
+    return {
+        "format": POOL_FORMAT,
+        "version": POOL_VERSION,
+        "dataset": corpus.dataset,
+        "split": pool.split,
+        "split_seed": pool.split_seed,
+        "source_sha256": pool.source_sha256,
+        "draws": pool.draws,
+        "n_passages": len(corpus.passages),
+        "group_sizes": {g: corpus.group_sizes[g] for g in groups},
+        "passages": [[i, corpus.passages[i].title, corpus.passages[i].text, corpus.passages[i].group] for i in sorted(kept)],
+        "questions": [
+            {"id": q.id, "question": q.question, "answers": list(q.answers), "gold": list(q.gold),
+             "own": list(q.own), "groups": sorted(q.groups)}
+            for q in questions
+        ],
+    }  # fmt: skip
+
+
+def load_pool(path: str | Path) -> Corpus:
+    """A packaged pool (:func:`pool_to_json`, gzipped) as a :class:`Corpus` with ``pool`` set."""
+    path = Path(path)
+    try:
+        data = json.loads(gzip.decompress(path.read_bytes()))
+        if (data["format"], data["version"]) != (POOL_FORMAT, POOL_VERSION):
+            raise ValueError(f"format {data['format']!r} version {data['version']!r}")
+        dataset = str(data["dataset"])
+        pool = Pool(data["split"], int(data["split_seed"]), str(data["source_sha256"]), int(data["draws"]))
+        missing = (
+            f"the packaged {dataset} pool keeps {pool.draws} other passages per question, too few for "
+            f"prompts this long (passage {{index}} not kept): {FULL_SETS}"
+        )
+        passages = SparsePassages(
+            int(data["n_passages"]),
+            {
+                int(i): Passage(str(title), str(text), str(group))
+                for i, title, text, group in data["passages"]
+            },
+            {str(g): int(n) for g, n in data["group_sizes"].items()},
+            missing,
+        )
+        questions = tuple(
+            Question(str(q["id"]), dataset, str(q["question"]), tuple(q["answers"]), tuple(q["gold"]),
+                     tuple(q["own"]), frozenset(q["groups"]))
+            for q in data["questions"]
+        )  # fmt: skip
+    except (
+        OSError,
+        EOFError,
+        gzip.BadGzipFile,
+        json.JSONDecodeError,
+        KeyError,
+        TypeError,
+        ValueError,
+    ) as exc:
+        raise ValueError(f"{path}: not a packaged open-QA pool ({type(exc).__name__}: {exc})") from None
+    return Corpus(dataset, passages, questions, pool)
+
+
 @dataclass(frozen=True)
 class OpenQASource:
     """A resolved open-QA location: ``folder`` holding :data:`FILES`, or None for the hub.
@@ -368,7 +508,16 @@ class OpenQASource:
     folder: Path | None
     origin: str
 
+    @property
+    def is_packaged(self) -> bool:
+        return self.folder is None and self.origin == PACKAGED
+
     def describe(self) -> str:
+        if self.is_packaged:
+            return (
+                f"the fresh-prompt pool packaged with lazyllm-tuner ({POOL_QUESTIONS} validation "
+                "questions of HotpotQA dev and of SQuAD 2.0 dev)"
+            )
         return (
             f"{self.folder} (from {self.origin})"
             if self.folder
@@ -376,12 +525,16 @@ class OpenQASource:
         )
 
     def location(self, dataset: str) -> str:
+        if self.is_packaged:
+            return str(pool_path(dataset))
         return str(self.folder / FILES[dataset]) if self.folder is not None else hub_parquet_url(dataset)
 
     def load(self, dataset: str) -> Corpus:
         """The corpus of ``dataset`` (a ``ValueError`` naming the file or URL if it cannot be read)."""
         if dataset not in OPENQA_DATASETS:
             raise ValueError(f"Unknown open-QA dataset {dataset!r}. Available: {', '.join(OPENQA_DATASETS)}")
+        if self.is_packaged:
+            return load_pool(pool_path(dataset))
         if self.folder is None:
             return load_corpus_parquet(self.location(dataset), dataset)
         path = self.folder / FILES[dataset]
@@ -398,7 +551,9 @@ class OpenQASource:
         h = hashlib.sha256(f"openqa-build-{BUILD_VERSION}".encode())
         for name in sorted(datasets):
             h.update(name.encode())
-            if self.folder is not None:
+            if self.is_packaged:  # its records are the folder's, so is its fingerprint
+                h.update(bytes.fromhex(str(manifest()["openqa"][name]["source_sha256"])))
+            elif self.folder is not None:
                 h.update(hashlib.sha256((self.folder / FILES[name]).read_bytes()).digest())
             else:
                 h.update(hub_parquet_url(name).encode())
@@ -406,7 +561,10 @@ class OpenQASource:
 
 
 def resolve_openqa_source(explicit: str | Path | None) -> OpenQASource:
-    """``explicit`` (a folder) if given, else ``$OPENQA_DIR``, else the hub."""
+    """``explicit`` if given (a folder, or the word ``packaged`` or ``hub``), else ``$OPENQA_DIR``,
+    else the hub. (The fresh-drift check asks for ``packaged`` where no folder is given.)"""
+    if isinstance(explicit, str) and explicit in (PACKAGED, HUB):
+        return OpenQASource(None, explicit)
     if explicit is not None and str(explicit):
         folder, origin = Path(explicit).expanduser(), "--openqa-dir"
     elif os.environ.get("OPENQA_DIR"):
@@ -434,6 +592,29 @@ def check_task(task: str, language: str, openqa_dir: str | None) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # records
+def distractor_draw(seed: int, question: Question) -> tuple[list[int], random.Random]:
+    """A question's own distractors in their drawn order, and the generator that goes on to draw the
+    others (:func:`other_passages`), both from ``(seed, dataset, id)``."""
+    draw = _generator(seed, question.dataset, question.id, "draw")
+    own = list(question.own)
+    draw.shuffle(own)
+    return own, draw
+
+
+def other_passages(corpus: Corpus, question: Question, draw: random.Random) -> Iterator[int]:
+    """Passages of other questions (other articles), in an order drawn by ``draw``, each once (the
+    record's distractors after its own, :class:`RecordBuilder`)."""
+    passages = corpus.passages
+    eligible = len(passages) - sum(corpus.group_sizes[g] for g in question.groups)
+    seen: set[int] = set()
+    while len(seen) < eligible:
+        i = draw.randrange(len(passages))
+        if i in seen or passages[i].group in question.groups:
+            continue
+        seen.add(i)
+        yield i
+
+
 def _generator(seed: int, dataset: str, qid: str, purpose: str) -> random.Random:
     digest = hashlib.sha256(f"openqa:{purpose}:{seed}:{dataset}:{qid}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
@@ -513,19 +694,6 @@ class RecordBuilder:
             ceiling = min(self.max_prompt_tokens - CHAT_MARGIN, self.max_prompt_tokens - self._chat_tokens)
         return n_text, ceiling - _MARGIN
 
-    # candidates ----------------------------------------------------------------------------------
-    def _others(self, question: Question, draw: random.Random) -> Iterator[int]:
-        """Passages of other questions (other articles), in an order drawn by ``draw``, each once."""
-        passages = self.corpus.passages
-        eligible = len(passages) - sum(self.corpus.group_sizes[g] for g in question.groups)
-        seen: set[int] = set()
-        while len(seen) < eligible:
-            i = draw.randrange(len(passages))
-            if i in seen or passages[i].group in question.groups:
-                continue
-            seen.add(i)
-            yield i
-
     def prompt(self, question: Question, context: str) -> str:
         record = Record(
             id=question.id,
@@ -538,7 +706,7 @@ class RecordBuilder:
 
     def build(self, question: Question) -> Record | None:
         """The question's record, or None when its gold passages alone do not fit the budget."""
-        draw = _generator(self.seed, question.dataset, question.id, "draw")
+        own, draw = distractor_draw(self.seed, question)
         fixed, ceiling = self._limit(question)
         chosen: list[int] = []
         total = fixed
@@ -546,10 +714,8 @@ class RecordBuilder:
             chosen.append(i)
             total += self._added(i, len(chosen))
         if total <= ceiling:
-            own = list(question.own)
-            draw.shuffle(own)
             misses = 0
-            for i in itertools.chain(own, self._others(question, draw)):
+            for i in itertools.chain(own, other_passages(self.corpus, question, draw)):
                 if ceiling - total < _FULL:
                     break
                 cost = self._added(i, len(chosen) + 1)
@@ -599,6 +765,15 @@ def split_questions(corpus: Corpus, split: Split, split_seed: int = 0) -> list[Q
     nothing but the seed and the ids, so it is the same on every machine and at every prompt length.
     """
 
+    if corpus.pool is not None:
+        pool = corpus.pool
+        if (split, split_seed) != (pool.split, pool.split_seed):
+            raise ValueError(
+                f"the packaged {corpus.dataset} pool holds {pool.split} questions of split seed "
+                f"{pool.split_seed} only, not {split} ones of seed {split_seed}: {FULL_SETS}"
+            )
+        return list(corpus.questions)  # kept in sample order: the split's first questions
+
     def key(question: Question) -> bytes:
         return hashlib.sha256(
             f"openqa:sample:{split_seed}:{question.dataset}:{question.id}".encode()
@@ -634,4 +809,10 @@ def build_split(
             else:
                 records.append(record)
                 bar.update(1)
+    if builder.corpus.pool is not None and (limit is None or len(records) < limit):
+        raise ValueError(
+            f"the packaged {builder.corpus.dataset} pool holds {len(questions)} {split} questions "
+            f"({len(skipped)} too long for {builder.max_prompt_tokens} tokens), fewer than the "
+            f"{'whole split' if limit is None else limit} asked for: {FULL_SETS}"
+        )
     return BuiltSplit(builder.corpus.dataset, records, tuple(skipped))

@@ -1,8 +1,12 @@
-"""Where LongBench comes from: a local folder, or the Hugging Face hub's parquet mirror.
+"""Where LongBench comes from: a local folder, the records packaged with lazyllm-tuner, or the Hugging
+Face hub's parquet mirror.
 
-Resolution order: ``--data-dir`` (``data_dir`` setting), then the environment variable
-``LONGBENCH_DIR``, then the hub. A local folder holds LongBench's own files (``<dataset>.jsonl``,
-``dataset2prompt.json``, ``dataset2maxlen.json``). The hub path reads each dataset's parquet file
+Resolution order: ``--data-dir`` (``data_dir`` setting: a folder, or the word ``packaged`` or
+``hub``), then the environment variable ``LONGBENCH_DIR``, then the packaged records
+(:mod:`tuner.data.embedded`: LongBench's six English QA datasets as the offline copy holds them) where
+they hold every LongBench dataset of the task, then the hub for the full sets. A local folder holds
+LongBench's own files (``<dataset>.jsonl``, ``dataset2prompt.json``, ``dataset2maxlen.json``); so does
+the packaged copy, once unpacked into the cache. The hub path reads each dataset's parquet file
 from :data:`HUB_PARQUET` through ``datasets`` (cached the usual way, under ``HF_HOME``) and LongBench's
 two prompt tables from :data:`CONFIG_URL` (cached under ``$LAZYLLM_CACHE/longbench``); where the
 tables cannot be fetched the generic template is used, with the usual warning. Where the hub is
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lazyllm.atomic import write_atomic
+from tuner.data.embedded import HUB, PACKAGED, longbench_datasets, longbench_folder
 from tuner.data.longbench import (
     MAXLEN_FILE,
     PROMPT_FILE,
@@ -101,8 +106,9 @@ class DataSource:
     """A resolved LongBench location: ``folder`` for local files, or None for the hub mirror.
 
     Args:
-        folder: the local folder, or None (the hub).
-        origin: where the choice came from (``--data-dir``, ``LONGBENCH_DIR`` or ``hub``), for messages.
+        folder: the local folder (the packaged records' unpacked copy too), or None (the hub).
+        origin: where the choice came from (``--data-dir``, ``LONGBENCH_DIR``, ``packaged`` or ``hub``),
+            for messages.
     """
 
     folder: Path | None
@@ -113,6 +119,8 @@ class DataSource:
         return self.folder is None
 
     def describe(self) -> str:
+        if self.origin == PACKAGED:
+            return f"the LongBench records packaged with lazyllm-tuner ({', '.join(longbench_datasets())})"
         return (
             f"{self.folder} (from {self.origin})" if self.folder else "the Hugging Face hub's parquet mirror"
         )
@@ -150,10 +158,20 @@ class DataSource:
         return h.hexdigest()[:16]
 
 
-def resolve_source(explicit: str | Path | None) -> DataSource:
-    """``explicit`` (a folder) if given, else ``$LONGBENCH_DIR``, else the hub mirror."""
+def resolve_source(explicit: str | Path | None, task: str | None = None, language: str = "en") -> DataSource:
+    """``explicit`` if given (a folder, or the word ``packaged`` or ``hub``), else ``$LONGBENCH_DIR``,
+    else the packaged records where they hold every LongBench dataset of ``task`` (None: no task
+    known, so not them), else the hub mirror."""
+    if isinstance(explicit, str) and explicit == HUB:
+        return DataSource(None, HUB)
+    if isinstance(explicit, str) and explicit == PACKAGED:
+        return DataSource(longbench_folder(), PACKAGED)
     if (explicit is not None and str(explicit)) or os.environ.get("LONGBENCH_DIR"):
         folder = data_dir(explicit)
         origin = "--data-dir" if explicit is not None and str(explicit) else "LONGBENCH_DIR"
         return DataSource(folder, origin)
-    return DataSource(None, "hub")
+    if task is not None:
+        names = {spec.name for spec in longbench_specs(task, language)}
+        if names and names <= set(longbench_datasets()):
+            return DataSource(longbench_folder(), PACKAGED)
+    return DataSource(None, HUB)
