@@ -1,9 +1,17 @@
-# Everything runs in .venv; torch is installed first (CPU build 2.13.0 from local disk here),
-# so pip never resolves a plain `torch` to a multi-GB CUDA build.
+# Everything runs in .venv. torch is installed first, pinned to its CPU build (torch==2.13.0+cpu from
+# PyTorch's CPU index, or from a local wheel where pip's configuration finds one), so pip never
+# resolves a plain `torch` to the multi-GB CUDA build; the project install then keeps it.
+# A CUDA user: make setup TORCH_BUILD=cu128 (any build download.pytorch.org/whl/<build> has for 2.13.0).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+TORCH_BUILD ?= cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_BUILD)
+# --no-deps: only torch itself is looked up on PyTorch's index (its dependencies come with the project);
+# --retries 1: offline, the unreachable index costs a second, not minutes
+TORCH_INSTALL = -m pip install --quiet --no-deps --retries 1 --extra-index-url $(TORCH_INDEX) torch==$(TORCH_VERSION)+$(TORCH_BUILD)
 
 .PHONY: setup test test-fast style demo bench search kvpress-setup kvpress-table
 
@@ -12,7 +20,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) $(TORCH_INSTALL)
 	$(PY) -m pip install --quiet -e ".[dev,postgres]"
 	touch $(STAMP)
 
@@ -34,8 +42,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/prefill_speed.py
 	$(PY) benchmarks/generation_speed.py
 
+# the README's quickstart: LongBench QA and the fresh-prompt pool packaged with the project, no data flag
 search: $(STAMP)
-	$(PY) -m tuner.search --task qa --data-dir ../shared/data/longbench --openqa-dir ../shared/data/open-qa
+	$(PY) -m tuner.search --task qa
 
 # kvpress 0.5.5 pins transformers<5.3, so it gets its own venv (torch first, as above); only
 # benchmarks/kvpress_table.py uses it (as a subprocess), and CI never builds it.
@@ -47,7 +56,7 @@ kvpress-setup: $(KVPRESS_STAMP)
 $(KVPRESS_STAMP):
 	$(PYTHON) -m venv $(KVPRESS_VENV)
 	$(KVPRESS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(KVPRESS_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(KVPRESS_VENV)/bin/python $(TORCH_INSTALL)
 	$(KVPRESS_VENV)/bin/python -m pip install --quiet kvpress==0.5.5
 	touch $(KVPRESS_STAMP)
 
