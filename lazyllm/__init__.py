@@ -3,10 +3,10 @@
 The engine only: no Optuna or MLflow imports here (those live in :mod:`tuner`).
 """
 
+from lazyllm.apply import apply
 from lazyllm.batch import BatchRequest, generate_batch
 from lazyllm.engine import GenerationResult, GenerationTrace, LazyLLM, PrefillResult
 from lazyllm.flops import ModelDims, flop_speedup
-from lazyllm.hf_generate import apply
 from lazyllm.models import DEFAULT_MODEL, ModelLoadError, load_model
 from lazyllm.sampling import Sampling
 from lazyllm.schedule import Revival, Schedule, num_pruned

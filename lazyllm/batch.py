@@ -204,7 +204,7 @@ def _generate_alone(
     """A request whose decoding revives tokens: exactly :meth:`LazyLLM.generate`, timed from ``t0``."""
     engine, prep = request.engine, _Prepared.of(request)
     stop = _Offering(prep.stop.eos_ids, prep.stop.stop_strings, prep.stop.tokenizer, index, on_token)
-    steps = engine._decode(
+    steps = engine.decode_steps(
         prep.ids, stop, t0, request.max_new_tokens, prep.sampling, False, False, prep.prefix
     )
     while True:
@@ -294,7 +294,7 @@ class _Prepared:
     def of(cls, request: BatchRequest) -> _Prepared:
         engine = request.engine
         eos = request.eos_token_id
-        ids, stop = engine._prepare(
+        ids, stop = engine.prepare(
             torch.as_tensor(request.input_ids),
             request.max_new_tokens,
             False,
@@ -331,7 +331,7 @@ def _first_token(index: int, request: BatchRequest, prep: _Prepared, prefill: Ro
     )
     engine = request.engine
     if request.forced:  # appends after the prefill's slots (room was made for it): its cache views stay
-        row.forced_logits = engine._forced_rest(prefill.gen, logits, prefill.n, request.forced)
+        row.forced_logits = engine.forced_rest(prefill.gen, logits, prefill.n, request.forced)
     elif request.force_own:  # once its answer is known (_force_own)
         row.own = (engine, prefill.gen, logits)
     return row
@@ -341,7 +341,7 @@ def _force_own(row: _Row) -> None:
     """Teacher-force the row's decoded answer from its kept prefill (which the batch copied)."""
     if row.own is not None:
         engine, gen, logits = row.own
-        row.forced_logits = engine._forced_rest(gen, logits, row.n, row.tokens)
+        row.forced_logits = engine.forced_rest(gen, logits, row.n, row.tokens)
         row.own = None
 
 

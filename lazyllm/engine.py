@@ -56,7 +56,9 @@ from transformers import GenerationConfig
 
 from lazyllm.architectures import DecoderStack, PositionEmbeddings, decoder_stack
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers, query_key_mask
+from lazyllm.limits import context_length, prompt_limit
 from lazyllm.models import model_name
+from lazyllm.results import GenerationResult, GenerationTrace, PassTrace
 from lazyllm.sampling import Sampling
 from lazyllm.schedule import Revival, Schedule, num_pruned
 from lazyllm.scoring import Scoring
@@ -95,46 +97,6 @@ def select_survivors(
 
 
 @dataclass(frozen=True)
-class PassTrace:
-    """What one forward pass did, per layer (recorded only when a trace is asked for).
-
-    Attributes:
-        computed: per layer, ``[q_l]`` sorted original positions the layer computed in this pass.
-        attended: per layer, ``[k_l]`` sorted original positions of the keys ``t`` attended (its
-            active set ``A_l``; in a ``frozen`` decoding step ``C_l`` plus ``t``).
-        scores: per layer that ranked tokens, ``[n_l]`` scores of ``A_l`` by the schedule's rule (by position).
-    """
-
-    computed: tuple[torch.Tensor, ...]
-    attended: tuple[torch.Tensor, ...]
-    scores: dict[int, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class GenerationTrace:
-    """Per pass (the prefill, then each decoding step), what the engine computed: for tests and analysis."""
-
-    passes: tuple[PassTrace, ...]
-
-    def computed_counts(self, num_positions: int) -> torch.Tensor:
-        """``[layers, num_positions]`` int: how often each (layer, position) pair was computed."""
-        layers = len(self.passes[0].computed)
-        counts = torch.zeros(layers, num_positions, dtype=torch.long)
-        for p in self.passes:
-            for layer, positions in enumerate(p.computed):
-                counts[layer].index_add_(0, positions.cpu(), torch.ones(positions.shape[0], dtype=torch.long))
-        return counts
-
-    def computed_pairs(self) -> set[tuple[int, int]]:
-        """Every (layer, position) pair computed at least once."""
-        return {(layer, int(x)) for p in self.passes for layer, pos in enumerate(p.computed) for x in pos}
-
-    def extra_pairs_per_step(self) -> list[int]:
-        """Per decoding step, (token, layer) pairs computed besides the new token's own."""
-        return [sum(int(c.shape[0]) - 1 for c in p.computed) for p in self.passes[1:]]
-
-
-@dataclass(frozen=True)
 class PrefillResult:
     """Output of a LazyLLM prefill.
 
@@ -160,70 +122,6 @@ class PrefillResult:
 
     def next_token(self) -> int:
         return int(self.logits[0].argmax())
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """Output of :meth:`LazyLLM.generate`.
-
-    Attributes:
-        token_ids: generated ids (stop string / EOS included as generated, text cut at a stop string).
-        text: decoded generation, when a tokenizer is known.
-        prompt_tokens: prompt length N.
-        ttft_s: seconds from the call to the first token (prefill + choosing it); for a stream, to
-            the first piece of text handed to the caller; in a batch, from the batch call's start
-            (:mod:`lazyllm.batch`).
-        total_s: seconds for the whole generation.
-        finish_reason: "eos", "stop_string" or "length"; "cancelled" for a request of
-            :func:`lazyllm.batch.generate_batch` whose ``on_token`` callback returned False.
-        prompt_computed_per_layer: share of prompt tokens each layer computed by the end (paper Fig. 7).
-        prompt_computed_per_step: share of (prompt token, layer) pairs computed so far, after each step.
-        aux_peak_entries / aux_peak_bytes: Aux Cache high-water mark.
-        revival: the schedule's revival policy, as spelled in its JSON (``"dynamic"``, ``"frozen"``,
-            ``"budget:B"``).
-        scoring: the schedule's scoring rule, as spelled by :class:`~lazyllm.scoring.Scoring`.
-        revived_pairs: (token, layer) pairs decoding steps computed besides their new tokens.
-        step_logits: ``[vocab]`` float32 logits of each step, when asked for.
-        trace: what every pass computed, when asked for (``generate(..., trace=True)``).
-        sampling: the decoding strategy the tokens were chosen by (greedy unless asked).
-        forced_logits: ``[T, vocab]`` float32, :meth:`LazyLLM.forced_logits` along an answer given
-            with the request, from the same prefill (:func:`lazyllm.batch.generate_batch` only).
-    """
-
-    token_ids: list[int]
-    text: str | None
-    prompt_tokens: int
-    ttft_s: float
-    total_s: float
-    finish_reason: str
-    prompt_computed_per_layer: list[float]
-    prompt_computed_per_step: list[float]
-    aux_peak_entries: int
-    aux_peak_bytes: int
-    revival: str = "dynamic"
-    scoring: str = "w1-softmax-none-mean"
-    revived_pairs: int = 0
-    step_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
-    trace: GenerationTrace | None = field(default=None, repr=False)
-    sampling: Sampling = field(default_factory=Sampling)
-    forced_logits: torch.Tensor | None = field(default=None, repr=False)
-
-    @property
-    def prompt_computed_fraction(self) -> float:
-        """Share of (prompt token, layer) pairs computed over the whole generation (paper Table 2)."""
-        return self.prompt_computed_per_step[-1]
-
-    @property
-    def decode_s(self) -> float:
-        """Seconds spent after the first token: ``total_s - ttft_s``."""
-        return self.total_s - self.ttft_s
-
-    @property
-    def decode_ms_per_token(self) -> float | None:
-        """Milliseconds per token after the first, ``(total_s - ttft_s) / (tokens - 1)``; None for one token."""
-        if len(self.token_ids) < 2:
-            return None
-        return 1000.0 * self.decode_s / (len(self.token_ids) - 1)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -294,8 +192,13 @@ class LayerPlan:
 
 
 @dataclass
-class _Generation:
-    """What every pass of one generation shares (built once per call; never shared between calls)."""
+class Generation:
+    """What every pass of one generation shares (built once per call; never shared between calls).
+
+    Made by :meth:`LazyLLM.begin` and handed back to :meth:`LazyLLM.forward_pass` for every pass of
+    that generation; callers read ``state`` (the per-layer stores, :class:`~lazyllm.state.GenerationState`)
+    and ``prompt_pairs`` and otherwise treat it as opaque.
+    """
 
     stack: DecoderStack
     layers: tuple[torch.nn.Module, ...]  # views whose attention calls the lazyllm wrapper
@@ -322,7 +225,7 @@ class _Pass:
     (``A_{l+1}``), :meth:`route` (``Q_{l+1}`` and their inputs; park the dropped).
     """
 
-    def __init__(self, gen: _Generation, new_ids: torch.Tensor, start: int) -> None:
+    def __init__(self, gen: Generation, new_ids: torch.Tensor, start: int) -> None:
         self.gen = gen
         self.device = new_ids.device
         self.start = start
@@ -609,14 +512,10 @@ class LazyLLM:
     def _fit_context(self, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Cut a prompt that would not fit the model's context in the middle (LongBench's rule), with
         a warning: keep the first and last halves of ``max_position_embeddings - max_new_tokens``."""
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        if not limit or ids.shape[1] + max_new_tokens <= limit:
+        limit = context_length(self.model)
+        if limit is None or ids.shape[1] + max_new_tokens <= limit:
             return ids
-        keep = limit - max_new_tokens
-        if keep < 2:
-            raise ValueError(
-                f"max_new_tokens = {max_new_tokens} leaves no room for a prompt in a {limit}-token context"
-            )
+        keep = prompt_limit(limit, max_new_tokens, name="max_new_tokens").tokens
         warnings.warn(
             f"prompt of {ids.shape[1]} tokens + {max_new_tokens} new exceeds the model's {limit}-token context; "
             f"cut in the middle to {keep} tokens",
@@ -625,7 +524,19 @@ class LazyLLM:
         half = keep // 2
         return torch.cat([ids[:, :half], ids[:, ids.shape[1] - (keep - half) :]], dim=1)
 
-    def _begin(self, ids: torch.Tensor, capacity: int, *, store_kv: bool, trace: bool) -> _Generation:
+    # ------------------------------------------------------------------------------------------------
+    # The engine's interface to the batched paths (lazyllm.prefill, lazyllm.batch, lazyllm.apply): a
+    # generation is begun once, then walked pass by pass; nothing else of the engine is used there.
+
+    def begin(self, ids: torch.Tensor, capacity: int, *, store_kv: bool, trace: bool) -> Generation:
+        """A fresh :class:`Generation` for the prompt ``ids`` ``[1, N]``.
+
+        Args:
+            ids: the prompt (its first token sizes the rotary table; its length is ``prompt_tokens``).
+            capacity: the most positions the generation will hold (prompt plus new tokens).
+            store_kv: keep every layer's keys/values (needed for any pass after the first).
+            trace: record a :class:`~lazyllm.results.PassTrace` per pass in ``gen.trace``.
+        """
         layers, inner = lazyllm_layers(self.model, self.stack.layers)
         positions = torch.arange(capacity, device=ids.device)[None]
         pe_table = self.stack.position_embeddings(self.stack.embed(ids[:, :1]), positions)
@@ -633,7 +544,7 @@ class LazyLLM:
         state = GenerationState(
             self.stack.num_layers, capacity, ids.device, store_kv=store_kv, keep_aux=revival.revives
         )
-        return _Generation(
+        return Generation(
             stack=self.stack,
             layers=layers,
             inner=inner,
@@ -647,9 +558,9 @@ class LazyLLM:
             trace=[] if trace else None,
         )
 
-    def _forward(
+    def forward_pass(
         self,
-        gen: _Generation,
+        gen: Generation,
         new_ids: torch.Tensor,
         start: int,
         *,
@@ -659,11 +570,12 @@ class LazyLLM:
         """One forward pass adding ``new_ids`` ``[1, q]`` at positions ``start..start+q-1``; returns the
         ``[1, vocab]`` logits of the newest position (``every_query``: ``[q, vocab]``, for a pass that
         prunes nothing). A prefill given a ``prefix`` starts where the schedule first differs from
-        the unpruned model. See the module docstring."""
+        the unpruned model. ``start`` is 0 for the prefill and the number of positions fed so far for
+        a later pass. See the module docstring."""
         step = _Pass(gen, new_ids, start)
         first = 0
         if prefix is not None:
-            first = self._resume_depth(gen, prefix)
+            first = self.resume_depth(gen, prefix)
             step.resume(prefix, first)
         last = len(gen.layers) - 1
         for index in range(first, last + 1):
@@ -685,8 +597,8 @@ class LazyLLM:
             return_scores: keep the attention scores of every pruning layer in the result.
         """
         ids = self._as_input_ids(input_ids)
-        gen = self._begin(ids, ids.shape[1], store_kv=False, trace=True)
-        logits = self._forward(gen, ids, 0)
+        gen = self.begin(ids, ids.shape[1], store_kv=False, trace=True)
+        logits = self.forward_pass(gen, ids, 0)
         assert gen.trace is not None
         (first,) = gen.trace
         return PrefillResult(
@@ -695,9 +607,9 @@ class LazyLLM:
             scores=first.scores if return_scores else {},
         )
 
-    def _resume_depth(self, gen: _Generation, prefix: PromptPrefix) -> int:
-        """Layers of a prefill ``prefix`` stands in for: those before the first one that prunes or that
-        the selector observes (at most the prefix's depth)."""
+    def resume_depth(self, gen: Generation, prefix: PromptPrefix) -> int:
+        """How many layers of ``gen``'s prefill the captured ``prefix`` stands in for: those before the
+        first one that prunes or that the selector observes (at most ``prefix.depth``)."""
         depth = prefix.depth
         for index in range(min(depth, len(gen.percentiles))):
             if gen.percentiles[index] > 0 or gen.selector.observes(index):
@@ -712,7 +624,7 @@ class LazyLLM:
             raise ValueError("capture_prefix needs an engine that prunes nothing (Schedule.keep_all)")
         ids = self._as_input_ids(torch.as_tensor(prompt))
         n, depth = ids.shape[1], self.stack.num_layers - 1
-        gen = self._begin(ids, n, store_kv=True, trace=False)
+        gen = self.begin(ids, n, store_kv=True, trace=False)
         step = _Pass(gen, ids, 0)
         inputs = [step.hidden]
         for index in range(depth):
@@ -763,30 +675,32 @@ class LazyLLM:
     ) -> torch.Tensor:
         """The prefill, then every forced token but the last as one pass (decoding prunes nothing)."""
         n = ids.shape[1]
-        gen = self._begin(ids, n + len(forced), store_kv=True, trace=False)
-        first = self._forward(gen, ids, 0, prefix=prefix)
-        return self._forced_rest(gen, first, n, forced)
+        gen = self.begin(ids, n + len(forced), store_kv=True, trace=False)
+        first = self.forward_pass(gen, ids, 0, prefix=prefix)
+        return self.forced_rest(gen, first, n, forced)
 
-    def _forced_rest(
-        self, gen: _Generation, first: torch.Tensor, n: int, forced: Sequence[int]
+    def forced_rest(
+        self, gen: Generation, first: torch.Tensor, n: int, forced: Sequence[int]
     ) -> torch.Tensor:
-        """:meth:`_forced_one_pass` after its prefill (``first``: the prefill's logits ``[1, vocab]``):
-        every forced token but the last as one pass (appended to ``gen``'s stores)."""
+        """Teacher-forced logits ``[T, vocab]`` (float32) along ``forced`` (``T`` tokens) after a prefill
+        of ``n`` tokens already run on ``gen`` (``first``: that prefill's logits ``[1, vocab]``, row 0):
+        every forced token but the last as one pass appended to ``gen``'s stores. For schedules whose
+        decoding prunes nothing (:meth:`forced_logits` says when); ``gen`` needs room for ``T - 1`` more."""
         if len(forced) == 1:
             return first.float()
         rest = torch.tensor([[int(t) for t in forced[:-1]]], device=first.device)
-        return torch.cat([first.float(), self._forward(gen, rest, n, every_query=True)])
+        return torch.cat([first.float(), self.forward_pass(gen, rest, n, every_query=True)])
 
     def _forced_steps(
         self, ids: torch.Tensor, forced: Sequence[int], prefix: PromptPrefix | None = None
     ) -> torch.Tensor:
         """The prefill, then one decoding step per forced token (any revival policy)."""
         n, steps = ids.shape[1], len(forced)
-        gen = self._begin(ids, n + steps, store_kv=True, trace=False)
+        gen = self.begin(ids, n + steps, store_kv=True, trace=False)
         rows: list[torch.Tensor] = []
         next_input, start = ids, 0
         for step in range(steps):
-            logits = self._forward(gen, next_input, start, prefix=prefix if step == 0 else None)
+            logits = self.forward_pass(gen, next_input, start, prefix=prefix if step == 0 else None)
             rows.append(logits[0].float())
             start += next_input.shape[1]
             next_input = torch.tensor([[int(forced[step])]], device=ids.device)
@@ -836,10 +750,10 @@ class LazyLLM:
             repetition_penalty=repetition_penalty, seed=seed,
         )  # fmt: skip
         t0 = time.perf_counter()
-        ids, stop = self._prepare(prompt, max_new_tokens, chat, eos_token_id, stop_strings)
+        ids, stop = self.prepare(prompt, max_new_tokens, chat, eos_token_id, stop_strings)
         if prefix is not None and (prefix.ids.shape != ids.shape or not torch.equal(prefix.ids, ids)):
             raise ValueError("prefix was captured from another prompt; capture it from this one")
-        steps = self._decode(ids, stop, t0, max_new_tokens, sampling, return_logits, trace, prefix)
+        steps = self.decode_steps(ids, stop, t0, max_new_tokens, sampling, return_logits, trace, prefix)
         while True:
             try:
                 next(steps)
@@ -877,8 +791,8 @@ class LazyLLM:
             repetition_penalty=repetition_penalty, seed=seed,
         )  # fmt: skip
         t0 = time.perf_counter()
-        ids, stop = self._prepare(prompt, max_new_tokens, chat, eos_token_id, stop_strings)
-        steps = self._decode(ids, stop, t0, max_new_tokens, sampling, False, False)
+        ids, stop = self.prepare(prompt, max_new_tokens, chat, eos_token_id, stop_strings)
+        steps = self.decode_steps(ids, stop, t0, max_new_tokens, sampling, False, False)
         return TextStream(steps, IncrementalText(stop), t0)
 
     def generate_many(self, prompts: Sequence[Prompt], **options: Any) -> list[GenerationResult]:
@@ -892,7 +806,7 @@ class LazyLLM:
             raise ValueError("generate_many takes a list of prompts; call generate for a single one")
         return [self.generate(p, **options) for p in prompts]
 
-    def _prepare(
+    def prepare(
         self,
         prompt: Prompt,
         max_new_tokens: int,
@@ -900,7 +814,8 @@ class LazyLLM:
         eos_token_id: int | list[int] | None,
         stop_strings: Sequence[str],
     ) -> tuple[torch.Tensor, StopCriteria]:
-        """The prompt's ids ``[1, N]`` (cut to the context) and the stopping rule, checked."""
+        """The prompt as ids ``[1, N]`` on the model's device (encoded as :meth:`generate` does, cut in
+        the middle to fit the context with ``max_new_tokens`` more) and its stopping rule, checked."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens = {max_new_tokens}: must be >= 1")
         ids = self._fit_context(
@@ -909,7 +824,7 @@ class LazyLLM:
         return ids, StopCriteria.build(self.model, self.tokenizer, eos_token_id, stop_strings)
 
     @torch.inference_mode()
-    def _decode(
+    def decode_steps(
         self,
         ids: torch.Tensor,
         stop: StopCriteria,
@@ -920,11 +835,12 @@ class LazyLLM:
         trace: bool,
         prefix: PromptPrefix | None = None,
     ) -> Generator[list[int], None, GenerationResult]:
-        """The decoding loop over ``ids`` ``[1, N]``: yields the tokens so far after each new one and
-        returns the :class:`GenerationResult` (``t0``: when the call began, for TTFT and total)."""
+        """:meth:`generate`'s decoding loop over ``ids`` ``[1, N]`` (from :meth:`prepare`), as a generator:
+        yields the list of tokens so far after each new one and returns the :class:`GenerationResult`
+        (``t0``: ``time.perf_counter()`` when the call began, for TTFT and total)."""
         n = ids.shape[1]
         generated: list[int] = []
-        gen = self._begin(ids, n + max_new_tokens, store_kv=True, trace=trace)
+        gen = self.begin(ids, n + max_new_tokens, store_kv=True, trace=trace)
         picker = None if sampling.greedy else sampling.picker(ids, max_new_tokens)
         logits_kept: list[torch.Tensor] = []
         usage: list[tuple[int, torch.Tensor | None]] = []  # per step: host part, device part
@@ -932,7 +848,7 @@ class LazyLLM:
         ttft = 0.0
         next_input, start = ids, 0
         for step in range(max_new_tokens):
-            logits = self._forward(gen, next_input, start, prefix=prefix if step == 0 else None)
+            logits = self.forward_pass(gen, next_input, start, prefix=prefix if step == 0 else None)
             if picker is None:
                 token = int(logits[0].argmax())
                 picked = None

@@ -104,8 +104,8 @@ def prefill_row(
     """The pruned prefill of ``ids`` ``[1, n]`` alone (exactly :meth:`LazyLLM.generate`'s), with room
     for ``room`` more tokens in its own stores (for teacher forcing or decoding from it)."""
     n = ids.shape[1]
-    gen = engine._begin(ids, n + room, store_kv=True, trace=False)
-    logits = engine._forward(gen, ids, 0, prefix=prefix)
+    gen = engine.begin(ids, n + room, store_kv=True, trace=False)
+    logits = engine.forward_pass(gen, ids, 0, prefix=prefix)
     return _row(gen, logits, n)
 
 
@@ -207,7 +207,7 @@ class _Batch:
         self.prompts = prompts
         self.prefixes = prefixes
         self.gens = [
-            engine._begin(ids, ids.shape[1] + r, store_kv=True, trace=False) for ids, r in zip(prompts, rooms)
+            engine.begin(ids, ids.shape[1] + r, store_kv=True, trace=False) for ids, r in zip(prompts, rooms)
         ]
         self.active = [torch.arange(ids.shape[1], device=self.device) for ids in prompts]  # A_l per row
         self.hidden = torch.empty(0)
@@ -250,7 +250,7 @@ class _Batch:
         prefix = self.prefixes[0]
         if prefix is None:
             return 0
-        first = self.engine._resume_depth(self.gens[0], prefix)
+        first = self.engine.resume_depth(self.gens[0], prefix)
         for gen, p, active in zip(self.gens, self.prefixes, self.active):
             assert p is not None
             for index in range(first):

@@ -12,7 +12,7 @@ and the end of the generation hands out the rest, cut before the first stop stri
 
 :class:`TextStream` is what :meth:`lazyllm.engine.LazyLLM.stream` returns. Its first piece comes right
 after the first token (it may be ``""`` when that token has no text yet), every later piece is
-non-empty; ``result`` is the :class:`~lazyllm.engine.GenerationResult` once the stream is exhausted,
+non-empty; ``result`` is the :class:`~lazyllm.results.GenerationResult` once the stream is exhausted,
 its ``ttft_s`` the seconds from the call to the first piece. The host reads nothing from the device
 beyond the token the engine already reads; the text work is on the host, between device steps.
 """
@@ -22,12 +22,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING
 
+from lazyllm.results import GenerationResult
 from lazyllm.text import StopCriteria
-
-if TYPE_CHECKING:
-    from lazyllm.engine import GenerationResult
 
 
 class IncrementalText:

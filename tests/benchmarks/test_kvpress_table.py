@@ -34,8 +34,8 @@ worker = load_benchmark("kvpress_worker")
 
 def _engine_cache(engine: LazyLLM, ids: torch.Tensor) -> tuple[list[int], int]:
     """Tokens per layer and bytes of keys and values the engine's own store holds after the prefill."""
-    gen = engine._begin(ids, ids.shape[1], store_kv=True, trace=False)
-    engine._forward(gen, ids, 0)
+    gen = engine.begin(ids, ids.shape[1], store_kv=True, trace=False)
+    engine.forward_pass(gen, ids, 0)
     tokens = [layer.length for layer in gen.state.kv]
     stored = sum(
         2 * layer.keys[:, :, : layer.length].numel() * layer.keys.element_size()

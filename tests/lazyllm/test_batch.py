@@ -16,11 +16,11 @@ from tests.support import make_tiny, prompt
 def _schedules(model: Any) -> list[Schedule]:
     name, layers = model.config.name_or_path, model.config.num_hidden_layers
     pruned = [0.0] * layers
-    pruned[1], pruned[3] = 0.4, 0.5
+    pruned[1], pruned[3] = 40.0, 50.0  # percent: on prompts of 9-40 tokens each prunes 3-20 of them
     return [
         Schedule.keep_all(name, layers),
         Schedule(name, tuple(pruned)).with_revival("frozen"),
-        Schedule(name, (0.6,) + (0.0,) * (layers - 1)).with_revival("frozen"),
+        Schedule(name, (60.0,) + (0.0,) * (layers - 1)).with_revival("frozen"),
     ]
 
 
@@ -46,6 +46,8 @@ def test_every_request_gets_the_tokens_generate_gives_it_alone(tiny: Any, attn: 
         assert got.prompt_computed_per_layer == pytest.approx(alone.prompt_computed_per_layer)
         assert got.prompt_computed_fraction == pytest.approx(alone.prompt_computed_fraction)
         assert got.revival == alone.revival
+        if any(request.engine.schedule.percentiles):  # the pruned schedules really prune these prompts
+            assert got.prompt_computed_fraction < 1.0
 
 
 def test_rows_leave_the_batch_when_they_stop_and_prefixes_resume(tiny: Any) -> None:
@@ -63,6 +65,7 @@ def test_rows_leave_the_batch_when_they_stop_and_prefixes_resume(tiny: Any) -> N
         alone = frozen.generate(torch.tensor(x), max_new_tokens=12, eos_token_id=e)
         assert got.token_ids == resumed.token_ids == alone.token_ids
         assert got.finish_reason == alone.finish_reason == "eos"
+        assert got.prompt_computed_fraction == pytest.approx(resumed.prompt_computed_fraction) < 1.0
         assert len(got.token_ids) <= 4
     limits = (12, 5, 9)  # row 0 stops at its EOS (<= 4 tokens), the others at theirs or their limit
     together = generate_batch(
@@ -167,6 +170,7 @@ def test_sampled_rows_draw_what_generate_draws_alone_with_the_same_seed(tiny: An
             )  # fmt: skip
             assert got.token_ids == alone.token_ids, size
             assert got.sampling == alone.sampling
+            assert got.prompt_computed_fraction == alone.prompt_computed_fraction < 1.0
     other = generate_batch([BatchRequest(frozen, ids[0], max_new_tokens=10, sampling=SAMPLED, seed=9)])
     assert other[0].token_ids != generate_batch(requests[:1])[0].token_ids  # the seed matters
 

@@ -1,4 +1,4 @@
-"""lazyllm.protocol: OpenAI bodies checked into typed records (no server; the HTTP side is test_serve)."""
+"""lazyllm.serving.protocol: OpenAI bodies checked into typed records (no server; the HTTP side is test_serve)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from lazyllm.protocol import APIError, check_chat_request, check_completion_request
 from lazyllm.sampling import Sampling
+from lazyllm.serving.protocol import APIError, check_chat_request, check_completion_request
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

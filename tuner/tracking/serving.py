@@ -25,7 +25,7 @@ local`` in its venv).
 server passes such a body to ``predict`` whole, as a dict) is answered as OpenAI's
 ``chat.completion``: ``choices[0].message``, ``finish_reason``, ``usage`` (prompt and completion
 tokens) and a ``lazyllm`` object with the schedule's share of prompt (token, layer) pairs computed.
-The body is checked, and the answer built, by :mod:`lazyllm.protocol`, the same code as the
+The body is checked, and the answer built, by :mod:`lazyllm.serving.protocol`, the same code as the
 OpenAI-compatible server's (``python -m lazyllm.serve``; ``python -m tuner.serve --model-uri
 models:/NAME@alias`` serves a registered version there): ``max_tokens`` (or ``max_completion_tokens``;
 default: the ``max_new_tokens`` param, 32), ``temperature`` (OpenAI's default 1.0 samples; 0 is
@@ -48,9 +48,10 @@ from typing import Any
 
 import pandas as pd
 
-from lazyllm import protocol
-from lazyllm.protocol import ChatRequest
+from lazyllm.limits import context_length, prompt_limit
 from lazyllm.schedule import Schedule
+from lazyllm.serving import protocol
+from lazyllm.serving.protocol import ChatRequest
 
 MODEL_CODE = Path(__file__).resolve().with_name("pyfunc_model.py")
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -152,7 +153,7 @@ def check_request(params: dict[str, Any] | None) -> Request:
 def check_chat_request(
     body: dict[str, Any], params: dict[str, Any] | None = None, *, streaming: bool = False
 ) -> tuple[ChatRequest, bool]:
-    """An OpenAI chat body, checked by :func:`lazyllm.protocol.check_chat_request` (MLflow's params:
+    """An OpenAI chat body, checked by :func:`lazyllm.serving.protocol.check_chat_request` (MLflow's params:
     ``max_new_tokens`` as the default length, ``truncate``), and whether to truncate; anything wrong
     is a 400 naming the field. ``"stream": true`` is refused unless ``streaming`` (``predict_stream``)."""
     request = check_request(params)
@@ -185,18 +186,21 @@ class ScheduleModel:
         self.llm = LazyLLM(model, schedule, tokenizer=tokenizer, strict_model_name=False)
 
     def prompt_limit(self, max_new_tokens: int) -> int | None:
-        """Most prompt tokens that fit the base model's context with ``max_new_tokens`` more (None: no limit)."""
-        context = getattr(self.llm.model.config, "max_position_embeddings", None)
-        return None if not context else int(context) - max_new_tokens
+        """Most prompt tokens that fit the base model's context with ``max_new_tokens`` more (None: no
+        limit; :func:`lazyllm.limits.prompt_limit`, a 400 when there is no room for a prompt)."""
+        context = context_length(self.llm.model)
+        if context is None:
+            return None
+        try:
+            return prompt_limit(context, max_new_tokens, name="max_new_tokens").tokens
+        except ValueError as exc:
+            raise _bad_request(str(exc)) from None
 
     def check_lengths(self, lengths: list[int], max_new_tokens: int, truncate: bool) -> None:
         """A 400 for a prompt that does not fit the context with ``max_new_tokens`` more, unless ``truncate``."""
         limit = self.prompt_limit(max_new_tokens)
         if limit is None:
             return
-        if limit < 2:
-            raise _bad_request(f"max_new_tokens = {max_new_tokens} leaves no room for a prompt "
-                               f"in the model's {limit + max_new_tokens}-token context")  # fmt: skip
         over = [(i, n) for i, n in enumerate(lengths) if n > limit]
         if over and not truncate:
             i, n = over[0]

@@ -198,7 +198,7 @@ def _count_unpruned_prefills(fid: FidelityEvaluator) -> tuple[list[int], list[in
     own baseline generator is disabled (a call to it fails the test)."""
     captures: list[int] = []
     full_prefills: list[int] = []
-    capture, forward = fid.keep_all.capture_prefix, fid.keep_all._forward
+    capture, forward = fid.keep_all.capture_prefix, fid.keep_all.forward_pass
 
     def counted_forward(gen: Any, ids: Any, start: int, **kw: Any) -> Any:
         if start == 0 and kw.get("prefix") is None:
@@ -206,12 +206,12 @@ def _count_unpruned_prefills(fid: FidelityEvaluator) -> tuple[list[int], list[in
         return forward(gen, ids, start, **kw)
 
     fid.keep_all.capture_prefix = lambda ids: captures.append(1) or capture(ids)  # type: ignore[method-assign]
-    fid.keep_all._forward = counted_forward  # type: ignore[method-assign]
+    fid.keep_all.forward_pass = counted_forward  # type: ignore[method-assign]
 
     def refuse(*args: Any, **kw: Any) -> Any:
         raise AssertionError("the evaluator's own baseline generator ran a prefill")
 
-    fid.evaluator.baseline_engine._forward = refuse
+    fid.evaluator.baseline_engine.forward_pass = refuse
     return captures, full_prefills
 
 
