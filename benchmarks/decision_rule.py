@@ -52,13 +52,14 @@ import numpy as np
 from lazyllm.schedule import Revival, Schedule
 from lazyllm.scoring import Scoring
 from tuner.data.longbench import unit_hash
+from tuner.evaluation.losses import FidelityLoss, ScoreLoss
 from tuner.report.figure import pyplot, write_figure
 from tuner.stages.rule import FreshKL, Refused, measured_fresh_kl, pooled_rule
 from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, weighted_mean
-from tuner.statistics.calibration import ScoredSchedule, check_exponent
+from tuner.statistics.calibration import ScoredSchedule
 from tuner.statistics.cap import KL_PER_POINT
-from tuner.statistics.losses import FidelityLoss, ScoreLoss
 from tuner.statistics.prior import SlopePrior
+from tuner.statistics.shape import check_exponent
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
 

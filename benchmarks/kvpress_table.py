@@ -23,7 +23,7 @@ the ``Answer:`` prefix and the chat template's tail are the question; the same s
 row. LazyLLM and the peers prune the whole prompt, question included.
 
 Columns: measured TTFT speedup against each side's own unpruned prefill, on the example of median
-prompt length (:mod:`tuner.evaluation.speed`: interleaved rounds, minimum per side, the CPU thread clock
+prompt length (:mod:`tuner.statistics.speed`: interleaved rounds, minimum per side, the CPU thread clock
 on a CPU; kvpress: prefill with compression, then the question, against one unpruned prefill of the same
 ids in its venv); FLOP speedup (:mod:`lazyllm.flops`; a press does the whole prefill: 1.0x); KV-cache
 bytes kept after the prefill (LazyLLM-side: per layer the tokens it computed, :func:`kv_tokens`; kvpress:
@@ -68,7 +68,7 @@ from lazyllm.peers import match_speedup
 from lazyllm.peers.gemfilter import GemFilter
 from lazyllm.text import StopCriteria
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator, drift
-from tuner.evaluation.rows import read_rows
+from tuner.evaluation.recorder import read_rows
 from tuner.evaluation.runner import (
     Evaluator,
     Example,
@@ -77,9 +77,9 @@ from tuner.evaluation.runner import (
     run_examples,
     score_prediction,
 )
-from tuner.evaluation.speed import SpeedMeasurement, measure_speedup, prefill_timer, resolve_clock
 from tuner.stages.confirm import kl_so_far
 from tuner.statistics.bootstrap import Estimate, macro_weights
+from tuner.statistics.speed import SpeedMeasurement, measure_speedup, prefill_timer, resolve_clock
 from tuner.study.settings import EvalSettings
 
 ROOT = Path(__file__).resolve().parents[1]

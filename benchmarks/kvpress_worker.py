@@ -4,7 +4,7 @@
 
 kvpress 0.5.5 pins ``transformers<5.3``, so it lives in its own venv and this worker runs there as a
 subprocess of the table. It imports torch, transformers, kvpress (only when a press is asked for),
-and from this repository only :mod:`lazyllm.text` (the stop rule) and :mod:`tuner.evaluation.speed` (the
+and from this repository only :mod:`lazyllm.text` (the stop rule) and :mod:`tuner.statistics.speed` (the
 timing statistic), both of which import cleanly under that ``transformers``; the table sets
 ``PYTHONPATH`` to the repository root.
 
@@ -26,7 +26,7 @@ for the KL; ``methods`` the names still to do) and ``timing`` (null or ``{"key",
 Output, one JSON object a line, flushed as each is done: ``{"kind": "versions", ...}`` first, then per
 (method, example) ``{"kind": "example", "method", "example", "token_ids", "kv_bytes", "kv_tokens",
 "kl", "top1", "seconds"}`` and per timed method ``{"kind": "speed", "method", "example", "speed"}``
-(:meth:`tuner.evaluation.speed.SpeedMeasurement.to_dict`). ``kv_bytes``: the keys and values the cache
+(:meth:`tuner.statistics.speed.SpeedMeasurement.to_dict`). ``kv_bytes``: the keys and values the cache
 holds after the prefill (compressed context plus question), every layer; ``kv_tokens``: per layer.
 ``kl``/``top1``: :func:`drift` of the press's teacher-forced logits against this venv's unpruned ones.
 """
@@ -170,7 +170,7 @@ def run(request: dict[str, Any]) -> None:
     import transformers
 
     from lazyllm.text import StopCriteria
-    from tuner.evaluation.speed import clock_timer, measure_speedup
+    from tuner.statistics.speed import clock_timer, measure_speedup
 
     torch.set_num_threads(int(request.get("threads", 1)))
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "kvpress": None}

@@ -31,7 +31,7 @@ import torch
 from lazyllm import LazyLLM, ModelDims, Schedule, flop_speedup, load_model
 from lazyllm.models import DTYPES
 from lazyllm.timing import paired_ratio, timed
-from tuner.evaluation.speed import min_ratio
+from tuner.statistics.speed import min_ratio
 
 
 def schedules(name: str, layers: int) -> dict[str, Schedule]:

@@ -49,7 +49,7 @@ from lazyllm.flops import ModelDims
 from lazyllm.methods import METHODS, make_method, peer_names
 from lazyllm.models import DTYPES
 from tuner.evaluation.fidelity import FidelityEvaluator
-from tuner.evaluation.rows import read_rows as rows_of
+from tuner.evaluation.recorder import read_rows as rows_of
 from tuner.evaluation.runner import Evaluator, Example, result_of, run_examples
 from tuner.study.handmade import hand_made_grid, one_stage_grid
 from tuner.study.settings import EvalSettings

@@ -20,9 +20,9 @@ from pathlib import Path
 import optuna
 
 from lazyllm.models import load_model
+from tuner.evaluation.losses import BaselineStats, Budget
 from tuner.evaluation.runner import Evaluator
 from tuner.stages.trial import TrialRunner
-from tuner.statistics.losses import BaselineStats, Budget
 from tuner.study.samplers import make_sampler
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import load_space

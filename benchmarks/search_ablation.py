@@ -42,8 +42,8 @@ from optuna.trial import TrialState
 
 from tuner.search import parse_settings
 from tuner.stages.front import study_records
+from tuner.stages.outcome import StudyOutcome
 from tuner.stages.trial import SPEED_FLOOR_CONSTRAINT
-from tuner.study.outcome import StudyOutcome
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import load_space
 from tuner.study.spaces.base import KEEP_ALL_ATTR

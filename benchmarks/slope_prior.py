@@ -29,13 +29,7 @@ import numpy as np
 
 from tuner.data.longbench import unit_hash
 from tuner.statistics.bootstrap import macro_weights, weighted_mean
-from tuner.statistics.calibration import (
-    LINEAR,
-    ScoredSchedule,
-    bootstrap_slopes,
-    check_exponent,
-    pooled_slope,
-)
+from tuner.statistics.calibration import ScoredSchedule, bootstrap_slopes, pooled_slope
 from tuner.statistics.prior import (
     COMBINES,
     SCALINGS,
@@ -45,6 +39,7 @@ from tuner.statistics.prior import (
     power_points,
     sha256_of,
 )
+from tuner.statistics.shape import LINEAR, check_exponent
 
 LEVELS = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
 N_BOOT = 4000

@@ -3,11 +3,11 @@
     python benchmarks/timing_under_load.py [--tokens 1024] [--rounds 3] [--repeats 3] [--hogs 1 2]
 
 Per schedule, the **quiet reference** is what a user sees on an idle machine: the wall-clock
-speedup (process's usual threads, :func:`tuner.evaluation.speed.measure_speedup`, 9 rounds), measured first
+speedup (process's usual threads, :func:`tuner.statistics.speed.measure_speedup`, 9 rounds), measured first
 with nothing else running. Then ``--hogs`` hog processes start (each a busy loop in bursts: on for
 0.2-1.0 s, off for 0.2-1.0 s) and the speedup is measured ``--repeats`` times per clock:
 
-* ``cpu``: the tuner's default on a CPU (:func:`tuner.evaluation.speed.resolve_clock`): one thread, that
+* ``cpu``: the tuner's default on a CPU (:func:`tuner.statistics.speed.resolve_clock`): one thread, that
   thread's CPU time, ``--rounds`` interleaved rounds, minimum per side;
 * ``wall``: the same statistic on the wall clock with the usual threads (the tuner before).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from lazyllm import LazyLLM, ModelDims, Schedule, flop_speedup, load_model
-from tuner.evaluation.speed import measure_speedup, prefill_timer
+from tuner.statistics.speed import measure_speedup, prefill_timer
 
 HOG = """
 import random, time

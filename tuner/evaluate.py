@@ -8,7 +8,7 @@ speedup, per method. Table 2: share of prompt (token, layer) pairs computed and 
 (total time) speedup. Both with sample counts. Table 3: each method's accuracy loss with its paired
 bootstrap interval (:func:`tuner.evaluation.runner.loss_estimate`, the one bootstrap of :mod:`tuner.statistics.bootstrap`).
 
-Speedups are measured as the search measures them (:mod:`tuner.evaluation.speed`, see
+Speedups are measured as the search measures them (:mod:`tuner.statistics.speed`, see
 :meth:`tuner.evaluation.runner.Evaluator.measure_speed`): per category, on its example of median prompt
 length, ``--timing-rounds`` interleaved rounds, minimum per side, on ``--timing-clock`` (``auto``: the
 CPU thread clock on a CPU); the report names the clock and the rounds.
@@ -27,7 +27,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tuner.starting import interrupts_end_the_start
+from tuner.interrupts import interrupts_end_the_start
 
 with interrupts_end_the_start(__name__):  # Ctrl-C while torch loads: one line
     from lazyllm.cli import cli_main
@@ -44,10 +44,10 @@ with interrupts_end_the_start(__name__):  # Ctrl-C while torch loads: one line
         by_category,
         summarize,
     )
+    from tuner.orchestration.preflight import check_evaluate
     from tuner.redact import redact_text
     from tuner.report import evaluation as report
     from tuner.report import matched as matched_report
-    from tuner.study.preflight import check_evaluate
     from tuner.study.settings import EvaluateSettings, add_flags, settings_from_flags
 
 COMPUTE_MATCHED = frozenset({"random", "static", "compression"})

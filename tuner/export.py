@@ -24,21 +24,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.starting import interrupts_end_the_start
+from tuner.interrupts import interrupts_end_the_start
 
 with interrupts_end_the_start(__name__):  # Ctrl-C while torch loads: one line
     import optuna
 
     from lazyllm.cli import cli_main
     from lazyllm.schedule import Schedule
+    from tuner.evaluation.losses import Budget
+    from tuner.orchestration.preflight import check_budget, check_tracking
     from tuner.redact import redact_text, redact_url
     from tuner.report.files import write_outcome
-    from tuner.statistics.losses import Budget
+    from tuner.stages.outcome import StudyOutcome
     from tuner.study.identity import StudyIdentity
-    from tuner.study.outcome import StudyOutcome
-    from tuner.study.preflight import check_budget, check_tracking
     from tuner.study.settings import SearchSettings, add_flags
-    from tuner.study.stores import sqlite_path
+    from tuner.study.storage import sqlite_path
 
 
 def load_existing_study(name: str, storage: str) -> optuna.Study:

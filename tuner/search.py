@@ -9,7 +9,7 @@ recommendation on the test split against the best of a few hand-made paper-style
 Settings: dataclass defaults -> ``--preset`` YAML (``studies/*.yaml``) -> flags. Rerunning the same
 command resumes the study (it stops once the study holds ``--n-trials`` finished trials).
 
-This module only parses and dispatches: the run is :func:`tuner.study.session.run_study`.
+This module only parses and dispatches: the run is :func:`tuner.orchestration.session.run_study`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tuner.starting import interrupts_end_the_start
+from tuner.interrupts import interrupts_end_the_start
 
 with interrupts_end_the_start(__name__):  # Ctrl-C while torch loads: one line
     from lazyllm.cli import USER_ERRORS, cli_main, one_line
@@ -77,7 +77,7 @@ def _quiet_interrupts() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     def run(args: argparse.Namespace) -> int:
-        from tuner.study.session import run_study  # heavy imports only once the flags parse
+        from tuner.orchestration.session import run_study  # heavy imports only once the flags parse
         from tuner.tracking.runs import end_open_runs
 
         settings = settings_from_args(args)

@@ -233,7 +233,7 @@ def test_generate_checks_the_schedule_before_loading_the_model(
 
 def test_store_left_half_made_by_a_killed_run_is_cleaned_up(tmp_path: Path) -> None:
     """``kill -9`` during MLflow's table creation skips the cleanup of ``mlflow.db.creating-<pid>``."""
-    from tuner.study.stores import prepare_mlflow_store
+    from tuner.study.storage import prepare_mlflow_store
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -265,7 +265,7 @@ def test_store_killed_mid_write_opens_again(tmp_path: Path) -> None:
     ``mlflow.db-journal``; the next run must roll it back, not fail on a read-only check."""
     from mlflow.tracking import MlflowClient
 
-    from tuner.study.stores import prepare_mlflow_store
+    from tuner.study.storage import prepare_mlflow_store
 
     db = tmp_path / "mlflow.db"
     prepare_mlflow_store(f"sqlite:///{db}")

@@ -203,7 +203,7 @@ def test_half_made_mlflow_store_from_an_older_run_is_repaired(tmp_path: Path) ->
 
     from mlflow.tracking import MlflowClient
 
-    from tuner.study.stores import prepare_mlflow_store
+    from tuner.study.storage import prepare_mlflow_store
 
     db = tmp_path / "mlflow.db"
     with sqlite3.connect(db) as con:

@@ -10,10 +10,10 @@ import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir, n_warm_starts
+from tuner.evaluation.losses import BaselineStats, ScoreLoss, optimistic_loss
 from tuner.evaluation.runner import ExampleResult
 from tuner.search import main, parse_settings
 from tuner.stages.trial import SPEED_FLOOR_CONSTRAINT, fresh_draw
-from tuner.statistics.losses import BaselineStats, ScoreLoss, optimistic_loss
 from tuner.study.records import RECORD_ATTR, TrialRecord, schedule_key
 from tuner.study.settings import SearchSettings, resolve_settings
 from tuner.study.spaces import load_space

@@ -1,0 +1,1 @@
+"""LongBench and the open-QA tasks as records, where they come from, and their metrics."""

@@ -466,7 +466,7 @@ class FidelityEvaluator:
         least); a prefix is captured only where the unpruned side is missing or at least
         :data:`RESUMES_PER_CAPTURE` passes resume from it (a capture costs about one unpruned prefill,
         a resumed pass saves the layers before its first prune). The results' TTFTs leave out the
-        prefix's layers: no timing (:mod:`tuner.evaluation.speed` times).
+        prefix's layers: no timing (:mod:`tuner.statistics.speed` times).
         """
         ev = self.evaluator
         worth = len(engines) * (2 if kl else 1) >= RESUMES_PER_CAPTURE

@@ -11,7 +11,7 @@ For the tuned LazyLLM schedule (``--schedule``) on the evaluation examples:
    loss against the unpruned baseline and against the tuned schedule with paired bootstrap intervals,
    and FLOP and measured TTFT speedups side by side. Matching is on the FLOP model because it is
    deterministic; the measured speedups show how well it carries over. They are measured as the
-   search measures them (:meth:`tuner.evaluation.runner.Evaluator.measure_speed`, :mod:`tuner.evaluation.speed`: on the
+   search measures them (:meth:`tuner.evaluation.runner.Evaluator.measure_speed`, :mod:`tuner.statistics.speed`: on the
    example of median prompt length, interleaved rounds, minimum per side, the CPU thread clock on a
    CPU); the report names the clock and the rounds.
 2. **Same loss.** Each peer runs at a few settings of its size knob (:data:`SWEEP_SHARES`); its speedup at

@@ -9,10 +9,10 @@ How a method is scored on one example:
    LongBench's stop rule (samsum and the open-QA datasets stop at a newline); the prediction is scored
    by the dataset's metric.
 3. **Speed** is not taken from the scoring runs (one wall-clock time each, hit by whatever else the
-   machine does). It is measured as the search measures it (:mod:`tuner.evaluation.speed`): on a timing example
+   machine does). It is measured as the search measures it (:mod:`tuner.statistics.speed`): on a timing example
    (the one whose prompt length is nearest the median, :meth:`Evaluator.timing_example`) the unpruned
    model and the method run in interleaved rounds, the speedup is the minimum baseline time over the
-   minimum method time, read on the CPU thread clock on a CPU (:func:`tuner.evaluation.speed.resolve_clock`),
+   minimum method time, read on the CPU thread clock on a CPU (:func:`tuner.statistics.speed.resolve_clock`),
    re-measured when implausible against the FLOP model. Both TTFT (prefill + first token) and the
    whole generation of the example's answer length are measured (:meth:`Evaluator.measure_speed`).
 
@@ -68,7 +68,8 @@ from tuner.data.openqa import RecordBuilder, build_split, openqa_specs, resolve_
 from tuner.data.prompts import PromptRow
 from tuner.data.sources import resolve_source
 from tuner.evaluation.integrity import announce_rebuild, as_json_value, json_digest
-from tuner.evaluation.speed import (
+from tuner.statistics.bootstrap import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
+from tuner.statistics.speed import (
     DEFAULT_ROUNDS,
     SpeedMeasurement,
     generation_timer,
@@ -76,7 +77,6 @@ from tuner.evaluation.speed import (
     prefill_timer,
     resolve_clock,
 )
-from tuner.statistics.bootstrap import DEFAULT_LEVEL, Estimate, macro_weights, paired_estimate
 from tuner.study.context import check_context, model_context
 from tuner.study.settings import EvalSettings
 
@@ -300,7 +300,7 @@ class ExampleResult:
 
 @dataclass(frozen=True)
 class MethodSpeed:
-    """A method's measured speedups over the unpruned model on one timing example (:mod:`tuner.evaluation.speed`).
+    """A method's measured speedups over the unpruned model on one timing example (:mod:`tuner.statistics.speed`).
 
     Attributes:
         example: the timing example's key. prompt_tokens: its prompt length. new_tokens: the answer
@@ -710,7 +710,7 @@ class Evaluator:
         clock: str = "auto",
     ) -> MethodSpeed:
         """TTFT and whole-generation speedups of ``generator`` over the unpruned model on ``example``,
-        by the search's robust path (:func:`tuner.evaluation.speed.measure_speedup`: interleaved ``rounds``,
+        by the search's robust path (:func:`tuner.statistics.speed.measure_speedup`: interleaved ``rounds``,
         minimum per side, ``clock`` resolved for the model's device, re-measured when the ratio to
         ``flop_speedup`` is implausible)."""
         read = resolve_clock(clock, next(self.model.parameters()).device)

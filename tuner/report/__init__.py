@@ -1,6 +1,6 @@
 """Every word, table, CSV, markdown file and figure the tuner writes, from typed results:
 
-* a study (:class:`~tuner.study.outcome.StudyOutcome`): :mod:`.files` (schedules, tables, JSON),
+* a study (:class:`~tuner.stages.outcome.StudyOutcome`): :mod:`.files` (schedules, tables, JSON),
   :mod:`.plots` (figures), :mod:`.console` (the lines printed at the end), :mod:`.decision` (what bound
   the answer, in words);
 * ``python -m tuner.evaluate``: :mod:`.evaluation` (Tables 1-3, per-method results and summaries);

@@ -1,10 +1,10 @@
-"""The lines a study prints at its end, from its :class:`~tuner.study.outcome.StudyOutcome`; every loss
+"""The lines a study prints at its end, from its :class:`~tuner.stages.outcome.StudyOutcome`; every loss
 carries its unit and every task-score number its n and interval."""
 
 from __future__ import annotations
 
 from tuner.report.heldout import verdict
-from tuner.study.outcome import StudyOutcome
+from tuner.stages.outcome import StudyOutcome
 
 _TIMED = {"measured": "TTFT", "total": "generation", "flops": "FLOP"}
 

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from tuner.stages.decision import Certainty, Decision, TrialTiming, certainty, decide
-from tuner.statistics.calibration import LINEAR, Calibration
-from tuner.study.outcome import StudyOutcome
+from tuner.stages.decision import Certainty, Decision, TrialTiming
+from tuner.stages.outcome import StudyOutcome
+from tuner.statistics.calibration import Calibration
+from tuner.statistics.shape import LINEAR
 
 BOUND = {
     "fastest completed": "the search",
@@ -231,26 +232,25 @@ def paragraph(d: Decision) -> str:
     )
 
 
-def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
-    """The paragraph of ``outcome`` (:func:`tuner.stages.decision.decide`, then :func:`paragraph`), in
-    the study's points (agreement points for a prompts file without answers)."""
-    text = paragraph(decide(outcome, timing))
+def explain(outcome: StudyOutcome, decision: Decision) -> str:
+    """The paragraph of ``outcome``'s ``decision`` (:func:`tuner.stages.decision.decide` computes it; this
+    formats it with :func:`paragraph`), in the study's points (agreement points for a prompts file
+    without answers)."""
+    text = paragraph(decision)
     return text if outcome.points == "score points" else text.replace("score points", outcome.points)
 
 
-def power_line(outcome: StudyOutcome) -> str | None:
-    """What the validation prompts certify for the recommendation (the calibration's bound at
-    ``--confidence``, :func:`tuner.stages.decision.certainty`) and how many would certify the
-    budget; None without a calibrated, pruning recommendation."""
+def power_line(outcome: StudyOutcome, decision: Decision, c: Certainty | None) -> str | None:
+    """What the validation prompts certify for the recommendation (``c``, the calibration's bound at
+    ``--confidence``: :func:`tuner.stages.decision.recommendation_certainty`) and how many would
+    certify the budget; None without a calibrated, pruning recommendation. For keep-all, what
+    ``decision`` says of the next faster schedule."""
     best, conf = outcome.recommended, outcome.confirmation
     if best is None or conf is None or conf.calibration is None:
         return None
     what = "prompts" if outcome.identity.task_fingerprint is not None else "examples"
-    kl = best.values[1] if conf.fresh is None else conf.fresh.judged(best.number, best.values[1])
-    up = None if conf.fresh is None else conf.fresh.judged_upper(best.number, best.values[1])
-    c = certainty(kl, conf.calibration, outcome.task_budget, up)
     if c is None:  # keep-all: what the prompts say of the next faster schedule
-        return _next_power(outcome, what)
+        return _next_power(outcome, decision, what)
     if c.no_cost:
         return (
             f"Power: the calibration saw no cost of KL on your {c.n_examples} validation {what} (its "
@@ -267,10 +267,9 @@ def power_line(outcome: StudyOutcome) -> str | None:
     return text + f"; no number of {what} certifies {outcome.task_budget:g} at its predicted loss"
 
 
-def _next_power(outcome: StudyOutcome, what: str) -> str | None:
+def _next_power(outcome: StudyOutcome, d: Decision, what: str) -> str | None:
     """The power line of a study that recommends keep-all: the next faster schedule's bound and
-    how many prompts would certify it (:func:`tuner.stages.decision.decide`)."""
-    d = decide(outcome, TrialTiming(0, 0, None, None))  # the timing is not read here
+    how many prompts would certify it (as ``d``, :func:`tuner.stages.decision.decide`, found)."""
     nxt, p, cal = d.next_faster, d.prediction, d.calibration
     if nxt is None or p is None or cal is None or p.no_cost:
         return None

@@ -110,7 +110,7 @@ def timing_note(rows: Sequence[Mapping[str, Any]]) -> str:
     rounds = sorted({int(r["timing_rounds"]) for r in timed})
     span = str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}"
     return (
-        f"speedups measured by tuner.evaluation.speed: clock {clocks}, {span} interleaved rounds per side (minimum "
+        f"speedups measured by tuner.statistics.speed: clock {clocks}, {span} interleaved rounds per side (minimum "
         "per side), on each category's example of median prompt length; the baseline is 1 by definition"
     )
 
@@ -170,7 +170,7 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
         ax.scatter(r["ttft_speedup"], r["score"], s=60)
         ax.annotate(r["method"], (r["ttft_speedup"], r["score"]), textcoords="offset points", xytext=(5, 5))
     clocks = ", ".join(sorted({r["timing_clock"] for r in rows if r["timing_clock"]})) or "-"
-    ax.set_xlabel(f"measured TTFT speedup (x, tuner.evaluation.speed, clock {clocks})")
+    ax.set_xlabel(f"measured TTFT speedup (x, tuner.statistics.speed, clock {clocks})")
     ax.set_ylabel("score (macro over datasets)")
     ax.set_title("methods on all datasets of the task")
     ax.grid(alpha=0.3)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lazyllm.atomic import replace_with
-from tuner.held import held_interrupts
+from tuner.interrupts import held_interrupts
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -1,11 +1,11 @@
-"""A study's files, written once from its :class:`~tuner.study.outcome.StudyOutcome`.
+"""A study's files, written once from its :class:`~tuner.stages.outcome.StudyOutcome`.
 
 Layout under the study folder::
 
     pareto/trial-<n>.json   one schedule per Pareto trial (provenance in its metadata)
     pareto.json, pareto.csv the front: trial, speedup, accuracy_loss with its unit and interval,
                             FLOP-model speedup, computed %, examples run, confirmation status, file
-    recommended.json        the recommendation (see tuner.study.outcome); absent when there is none
+    recommended.json        the recommendation (see tuner.stages.outcome); absent when there is none
     confirmation.json       the confirmation stage's evidence (when it ran)
     heldout.json            the held-out check (when it ran)
     pareto.png/.html        every trial, the front, the budget, the recommendation, sample counts
@@ -42,7 +42,7 @@ from tuner.report.plots import (
     plot_pareto,
 )
 from tuner.report.table import csv_text
-from tuner.study.outcome import StudyOutcome
+from tuner.stages.outcome import StudyOutcome
 
 COLUMNS = ("trial", "speedup", "speedup_kind", "accuracy_loss", "accuracy_loss_unit", "accuracy_loss_interval",
            "accuracy_loss_upper", "flop_speedup", "prompt_computed_pct", "examples_run", "recommended",

@@ -68,7 +68,7 @@ def markdown(report: MatchedReport, header: str) -> str:
     clocks = ", ".join(sorted({s.clock for s in timed})) or "-"
     rounds = sorted({s.ttft.rounds for s in timed}) or [0]
     timing = (
-        f"measured TTFT speedups by tuner.evaluation.speed: clock {clocks}, "
+        f"measured TTFT speedups by tuner.statistics.speed: clock {clocks}, "
         f"{rounds[0] if len(rounds) == 1 else f'{rounds[0]}-{rounds[-1]}'} interleaved rounds per side "
         f"(minimum per side) on the example of median prompt length"
     )
@@ -144,7 +144,7 @@ def figure(report: MatchedReport, title: str) -> Figure:
         what = (
             "median over examples"
             if kind == "flop_speedup"
-            else "tuner.evaluation.speed, median-length example"
+            else "tuner.statistics.speed, median-length example"
         )
         ax.set_xlabel(f"{name} speedup (x, {what})")
         ax.grid(alpha=0.3)

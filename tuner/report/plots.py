@@ -1,4 +1,4 @@
-"""Figures of a study, from its :class:`~tuner.study.outcome.StudyOutcome`; each states its sample counts
+"""Figures of a study, from its :class:`~tuner.stages.outcome.StudyOutcome`; each states its sample counts
 and takes its loss axis label and budget line from the study's loss object (its unit)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tuner.report.figure import pyplot, save_figure
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from tuner.study.outcome import StudyOutcome
+    from tuner.stages.outcome import StudyOutcome
 
 
 def plot_pareto(outcome: StudyOutcome, path: Path) -> None:

@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 from lazyllm import LazyLLM
 from tuner.data.longbench import OPENQA_DATASETS
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
+from tuner.evaluation.losses import ScoreLoss
 from tuner.evaluation.runner import loss_estimate, macro_score
 from tuner.stages.front import feasible_front
 from tuner.stages.rule import (
@@ -46,7 +47,6 @@ from tuner.stages.rule import (
 from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.statistics.bootstrap import Estimate, macro_weights
 from tuner.statistics.calibration import Calibration, ScoredSchedule
-from tuner.statistics.losses import ScoreLoss
 from tuner.study.records import TrialRecord
 from tuner.study.settings import EvalSettings
 

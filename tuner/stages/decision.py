@@ -31,10 +31,10 @@ from typing import Literal
 import optuna
 from optuna.trial import TrialState
 
+from tuner.evaluation.losses import Loss
 from tuner.stages.confirm import FreshCheck
+from tuner.stages.outcome import StudyOutcome
 from tuner.statistics.calibration import Calibration
-from tuner.statistics.losses import Loss
-from tuner.study.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
 from tuner.study.workers import counts_towards_target
 
@@ -118,6 +118,17 @@ def certainty(
         need,
         calibration.unit,
     )
+
+
+def recommendation_certainty(outcome: StudyOutcome) -> Certainty | None:
+    """:func:`certainty` of ``outcome``'s recommendation at its judged KL (the fresh prompts' where the
+    fresh-drift check measured it); None without a calibrated recommendation, or for keep-all."""
+    best, conf = outcome.recommended, outcome.confirmation
+    if best is None or conf is None or conf.calibration is None:
+        return None
+    kl = best.values[1] if conf.fresh is None else conf.fresh.judged(best.number, best.values[1])
+    up = None if conf.fresh is None else conf.fresh.judged_upper(best.number, best.values[1])
+    return certainty(kl, conf.calibration, outcome.task_budget, up)
 
 
 @dataclass(frozen=True)

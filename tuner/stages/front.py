@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import optuna
 
-from tuner.statistics.losses import Loss
+from tuner.evaluation.losses import Loss
 from tuner.study.records import TrialRecord, schedule_key
 
 

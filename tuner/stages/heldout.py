@@ -20,11 +20,11 @@ from typing import Any
 
 from lazyllm.flops import flop_speedup
 from lazyllm.schedule import Schedule
+from tuner.evaluation.losses import ScoreLoss
 from tuner.evaluation.runner import Evaluator, ExampleResult, loss_estimate, macro_score
-from tuner.evaluation.speed import SpeedMeasurement
 from tuner.stages.trial import TrialRunner
 from tuner.statistics.bootstrap import Estimate, macro_weights, paired_estimate
-from tuner.statistics.losses import ScoreLoss
+from tuner.statistics.speed import SpeedMeasurement
 from tuner.study.handmade import families
 from tuner.study.records import TrialRecord, schedule_key
 

@@ -44,11 +44,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from tuner.evaluation.losses import Loss, ScoreLoss
 from tuner.stages.front import feasible_front
 from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, estimate
-from tuner.statistics.calibration import LINEAR, Calibration, ScoredSchedule, fit
-from tuner.statistics.losses import Loss, ScoreLoss
+from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
 from tuner.statistics.prior import SlopePrior
+from tuner.statistics.shape import LINEAR
 from tuner.study.records import TrialRecord
 
 T = TypeVar("T")

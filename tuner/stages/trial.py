@@ -1,15 +1,15 @@
 """The trial stage: one proposed schedule -> one :class:`~tuner.study.records.TrialRecord`.
 
 * Objectives: ``(speedup, accuracy_loss)`` with ``directions=["maximize", "minimize"]``. Speedup is
-  the robust measurement of :mod:`tuner.evaluation.speed` (TTFT with ``speedup="measured"``, the whole
+  the robust measurement of :mod:`tuner.statistics.speed` (TTFT with ``speedup="measured"``, the whole
   generation with ``"total"``; interleaved timings on the example of typical length, minimum per
   side, checked against the FLOP model) or the FLOP model's (``"flops"``); only the speedup the
-  objective names is timed. The loss is the study's :class:`~tuner.statistics.losses.Loss`.
+  objective names is timed. The loss is the study's :class:`~tuner.evaluation.losses.Loss`.
 * Constraint: the one-sided upper bound (level ``confidence``, bootstrap over examples) of the loss
   minus the loss's budget, so "feasible" means confidently within budget. A trial stops early
   (PRUNED, the reason in its record) once its loss cannot meet the budget, or, in a FLOP-model
   search (where a schedule's speed is known before it runs), once a finished feasible trial at least
-  as fast confidently beats its loss (:meth:`tuner.statistics.losses.FidelityLoss.dominated`): it would be
+  as fast confidently beats its loss (:meth:`tuner.evaluation.losses.FidelityLoss.dominated`): it would be
   dominated on the front, so its remaining examples are not spent.
 * A sampler's proposal the FLOP model puts below ``min_speedup`` is stopped before it runs (PRUNED,
   the reason in its record, and a second constraint, ``min_speedup``, over zero: infeasible), so the
@@ -35,16 +35,16 @@ from lazyllm.engine import LazyLLM
 from lazyllm.flops import ModelDims, flop_speedup
 from lazyllm.schedule import Schedule
 from tuner.evaluation.fidelity import PREFIX_MEMORY_SHARE, FidelityEvaluator
+from tuner.evaluation.losses import BaselineStats, Budget, Loss, LossResult, MeasureContext, Rival
 from tuner.evaluation.runner import Evaluator
-from tuner.evaluation.speed import (
+from tuner.statistics.bootstrap import macro_weights
+from tuner.statistics.speed import (
     SpeedMeasurement,
     generation_timer,
     measure_speedup,
     prefill_timer,
     resolve_clock,
 )
-from tuner.statistics.bootstrap import macro_weights
-from tuner.statistics.losses import BaselineStats, Budget, Loss, LossResult, MeasureContext, Rival
 from tuner.study.records import TrialRecord, schedule_key
 from tuner.study.settings import EvalSettings, SearchSettings
 from tuner.study.spaces import SearchSpace
@@ -288,7 +288,7 @@ class TrialRunner:
         self, engine: LazyLLM, schedule: Schedule, kind: str | None = None
     ) -> SpeedMeasurement | None:
         """The robust speedup ``kind`` names (default: the objective's; None for the FLOP model): TTFT
-        (``measured``) or whole generation (``total``) on the timing example (see :mod:`tuner.evaluation.speed`)."""
+        (``measured``) or whole generation (``total``) on the timing example (see :mod:`tuner.statistics.speed`)."""
         kind = self.settings.speedup if kind is None else kind
         if kind == "flops":
             return None

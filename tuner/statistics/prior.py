@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.statistics.bootstrap import check_level
-from tuner.statistics.calibration import LINEAR, check_exponent, slope_unit
+from tuner.statistics.shape import LINEAR, check_exponent, slope_unit
 
 PRIOR_DIR = Path(__file__).parent / "priors"
 """Where the packaged priors live, one ``<model>-<tokens>.json`` per model and grid prompt length."""

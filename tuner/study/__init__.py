@@ -1,0 +1,1 @@
+"""The data model of a study: settings, search spaces, trial records, identity, storage and workers."""

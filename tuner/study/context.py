@@ -1,5 +1,5 @@
 """Does a prompt budget fit a model's context? Pure checks on numbers, used before anything is written
-(:mod:`tuner.study.preflight`, from the model's config on disk) and once the model loads
+(:mod:`tuner.orchestration.preflight`, from the model's config on disk) and once the model loads
 (:class:`tuner.evaluation.runner.Evaluator`)."""
 
 from __future__ import annotations

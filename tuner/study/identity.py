@@ -22,7 +22,7 @@ class StudyIdentity:
     """The settings a resumed study must share with the one that created it (see
     ``SearchSettings.study_identity``). Units: ``max_accuracy_loss`` in score points, ``max_kl`` and
     ``search_cap`` in nats (the fidelity cap the search ran with and what set it, fixed at creation:
-    :func:`tuner.statistics.losses.search_cap`)."""
+    :func:`tuner.evaluation.losses.search_cap`)."""
 
     model: str
     task: str

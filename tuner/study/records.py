@@ -20,8 +20,8 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from lazyllm.schedule import Revival, Schedule
-from tuner.evaluation.speed import SpeedMeasurement
 from tuner.statistics.bootstrap import Estimate
+from tuner.statistics.speed import SpeedMeasurement
 from tuner.study.settings import ACCURACY_MODES
 
 RECORD_ATTR = "record"
@@ -46,7 +46,7 @@ class TrialRecord:
         number: Optuna trial number.
         schedule: the schedule evaluated, revival policy (and every other field) included.
         params: the search-space parameters.
-        accuracy: the loss kind (:data:`tuner.statistics.losses.LOSSES`): ``"fidelity"`` (nats) or ``"score"``.
+        accuracy: the loss kind (:data:`tuner.evaluation.losses.LOSSES`): ``"fidelity"`` (nats) or ``"score"``.
         flop_speedup: FLOP-model prefill speedup at the study's mean prompt length.
         prompt_computed_pct: share of prompt (token, layer) pairs a prefill computes, percent.
         examples_run: validation examples evaluated.

@@ -46,11 +46,11 @@ from tuner.data.prompts import (
     PromptsFile,
     load_prompts_file,
 )
-from tuner.evaluation.speed import CLOCKS
-from tuner.statistics.calibration import SQUARE_ROOT, check_exponent
 from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, MIN_SPEEDUP, SearchCap, agreement_cap, search_cap
 from tuner.statistics.prior import SlopePrior
 from tuner.statistics.prior import resolve as resolve_prior
+from tuner.statistics.shape import SQUARE_ROOT, check_exponent
+from tuner.statistics.speed import CLOCKS
 from tuner.study.samplers import check_sampler, sampler_names
 from tuner.study.strict_yaml import load_strict
 
@@ -597,7 +597,7 @@ class EvaluateSettings(EvalSettings):
         default=False,
         metadata=_help("also compare the peers (gemfilter, tsp) with the schedule at matched speed and loss"),
     )
-    # speedups are measured as the search measures them (tuner.evaluation.speed)
+    # speedups are measured as the search measures them (tuner.statistics.speed)
     timing_rounds: int = _timing_rounds()
     timing_clock: str = _timing_clock()
 

@@ -24,7 +24,7 @@ import optuna
 import lazyllm
 from lazyllm.schedule import Schedule
 from tuner.redact import redact_text
-from tuner.study.outcome import StudyOutcome
+from tuner.stages.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
 
 MODEL_ARTIFACT = "schedule-model"

@@ -37,7 +37,7 @@ module uses ``MlflowClient`` with explicit run ids only, safe in any worker.
   tracking URI; an HTTP server is checked with its ``/health`` endpoint before any trial runs. A
   password in a storage or tracking URL never reaches a param, a tag or a study attr
   (:func:`tuner.redact.redact_url`).
-* **Ctrl-C**: a write that has begun finishes first (:func:`tuner.held.held_interrupts`), so an
+* **Ctrl-C**: a write that has begun finishes first (:func:`tuner.interrupts.held_interrupts`), so an
   interrupt never leaves the SQLite store locked by a half-done transaction of its own process.
 """
 
@@ -59,13 +59,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 import lazyllm
-from tuner.held import whole
+from tuner.evaluation.losses import Budget
+from tuner.interrupts import whole
 from tuner.redact import redact_text, redact_url
-from tuner.statistics.losses import Budget
-from tuner.study.outcome import StudyOutcome
+from tuner.stages.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
-from tuner.study.stores import sqlite_path
+from tuner.study.storage import sqlite_path
 from tuner.study.workers import never_ran
 
 EXPERIMENT = "lazyllm-tuner"
@@ -106,14 +106,14 @@ _SERVER_SCHEMES = ("postgresql", "mysql", "mssql", "oracle")
 
 def check_reachable(uri: str, *, timeout_s: float = 5.0) -> None:
     """Fail fast (one line, password masked, no retries) when the tracking URI cannot be used. Writes
-    nothing: a SQLite store's folder is made when the store is (:func:`tuner.study.stores.prepare_mlflow_store`).
+    nothing: a SQLite store's folder is made when the store is (:func:`tuner.study.storage.prepare_mlflow_store`).
 
     * ``http(s)://[user:password@]host[:port]``: ``/health`` answers 200 within ``timeout_s``; the
       userinfo is sent as HTTP basic auth (what MLflow's client does with it), never as part of the host;
     * ``postgresql://``, ``mysql://``, ...: the driver is installed and the database answers;
     * ``sqlite:///FILE``: FILE is a SQLite database or nothing yet, in a folder that can be made.
     """
-    from tuner.study.stores import check_database, check_tracking_store
+    from tuner.study.storage import check_database, check_tracking_store
 
     shown = redact_url(uri)
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""

@@ -13,9 +13,11 @@ import pytest
 from tuner.data.longbench import FILE_DATASET, is_prompts_path, resolve_task, split_records
 from tuner.data.metrics import METRICS, agreement_score
 from tuner.data.prompts import MIN_SPLIT, check_splits, heldout_note, load_prompts_file
-from tuner.report.decision import power_line
+from tuner.report.decision import power_line as format_power_line
 from tuner.search import main as search
 from tuner.search import parse_settings
+from tuner.stages.decision import TrialTiming, decide, recommendation_certainty
+from tuner.stages.outcome import StudyOutcome
 
 
 def _jsonl(rows: list[dict[str, object]]) -> str:
@@ -311,6 +313,12 @@ def test_a_rows_metric_scores_it_and_gold_rows_ignore_the_unpruned_answer() -> N
     )
     with pytest.raises(ValueError, match="needs the unpruned model's answer"):
         score_prediction(example((), "qa_f1"), text)
+
+
+def power_line(outcome: StudyOutcome) -> str | None:
+    """The power line as a study writes it: the stages decide, the report formats."""
+    decision = decide(outcome, TrialTiming(0, 0, None, None))
+    return format_power_line(outcome, decision, recommendation_certainty(outcome))
 
 
 def test_the_power_line_says_what_the_prompts_certify_and_how_many_would_certify_the_budget() -> None:

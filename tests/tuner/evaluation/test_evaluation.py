@@ -185,7 +185,7 @@ def test_report_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFix
     low, high = summary["accuracy_loss_interval"]
     row = f"| static | 6 | {summary['accuracy_loss']:.2f} | [{low:.2f}, {high:.2f}] | {summary['accuracy_loss_upper']:.2f} |"
     assert "Table 3" in out and row in out and "| baseline | 6 |" not in out
-    # speedups come from tuner.evaluation.speed, and the report says on which clock and with how many rounds
+    # speedups come from tuner.statistics.speed, and the report says on which clock and with how many rounds
     speed = summary["speed"]
     assert speed["clock"] == summary["timing_clock"] == "cpu" and speed["ttft"]["rounds"] >= 3
     assert summary["ttft_speedup"] == min(speed["ttft"]["baseline_s"]) / min(speed["ttft"]["schedule_s"])
@@ -199,7 +199,7 @@ def test_report_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFix
 def test_method_speed_round_trips_through_json() -> None:
     """The matched-speed cache stores each point's timing as JSON and reads it back unchanged."""
     from tuner.evaluation.runner import MethodSpeed
-    from tuner.evaluation.speed import measure_speedup
+    from tuner.statistics.speed import measure_speedup
 
     base, pruned = iter([2.0, 2.2, 2.1]), iter([1.1, 1.0, 1.3])
     ttft = measure_speedup(lambda: next(base), lambda: next(pruned), 2.0, rounds=3, clock="cpu")

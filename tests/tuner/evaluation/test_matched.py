@@ -16,10 +16,10 @@ from tests.support import longbench_dir
 from tuner import evaluate as evaluate_cli
 from tuner.evaluation.matched import Evaluated, MatchRequest, Point, compare, label_of, speedup_at_loss
 from tuner.evaluation.runner import ExampleResult, MethodSpeed, summarize
-from tuner.evaluation.speed import SpeedMeasurement
 from tuner.report.evaluation import loss_table
 from tuner.report.matched import markdown
 from tuner.statistics.bootstrap import Estimate
+from tuner.statistics.speed import SpeedMeasurement
 
 NUMBER = r"[-+]?\d+\.\d+"
 
@@ -115,7 +115,7 @@ def test_match_speedup_cli(tiny_folder: Path, tmp_path: Path, capsys: pytest.Cap
         assert options.get("r", 2) == 2 and options.get("layer", 1) == 1  # the fixed knobs stayed
         lo, hi = float(r["loss_vs_baseline_low"]), float(r["loss_vs_baseline_high"])
         assert lo <= float(r["loss_vs_baseline"]) <= hi
-        assert r["timing_clock"] == "cpu" and int(r["timing_rounds"]) >= 3  # tuner.evaluation.speed, on a CPU
+        assert r["timing_clock"] == "cpu" and int(r["timing_rounds"]) >= 3  # tuner.statistics.speed, on a CPU
         if r["role"] == "matched":
             # matched at the median prompt length; every example's speedup is near the target
             assert float(r["flop_speedup"]) == pytest.approx(target, rel=0.1)

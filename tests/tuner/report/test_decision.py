@@ -10,16 +10,26 @@ import pytest
 from tests.support import decision_outcome
 from tuner.report.decision import (
     certainty_sentence,
-    explain,
     fresh_sentence,
     paragraph,
     power_sentence,
     timing_sentence,
 )
-from tuner.stages.decision import TrialTiming, certainty
+from tuner.report.decision import (
+    explain as explain_decision,
+)
+from tuner.stages.decision import TrialTiming, certainty, decide
+from tuner.stages.outcome import StudyOutcome
 from tuner.statistics.calibration import Calibration
 
 TIMING = TrialTiming(finished=18, n_trials=60, median_s=30.0, timeout_s=420.0)
+
+
+def explain(outcome: StudyOutcome, timing: TrialTiming) -> str:
+    """The paragraph as a study writes it: the stage decides, the report formats."""
+    return explain_decision(outcome, decide(outcome, timing))
+
+
 NO_PRIOR = (
     "No slope prior applies (--slope-prior none; none packaged for this model, prompt length and calibration "
     "shape; or an agreement budget, which the gold-point priors do not convert): the calibration stands on its "

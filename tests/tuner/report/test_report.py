@@ -1,4 +1,4 @@
-"""tuner.study.outcome and tuner.report: one outcome, every file written once from it, units everywhere."""
+"""tuner.stages.outcome and tuner.report: one outcome, every file written once from it, units everywhere."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import hand_record
+from tuner.evaluation.losses import Budget, FidelityLoss, ScoreLoss
 from tuner.report.console import summary_lines
 from tuner.report.files import write_outcome
 from tuner.report.plots import calibration_figure, keep_curve_schedules, pareto_figure
 from tuner.stages.confirm import CandidateResult, Confirmation
 from tuner.stages.heldout import Candidate, Comparison, HeldoutReport, HeldoutRow
+from tuner.stages.outcome import StudyOutcome
 from tuner.statistics.bootstrap import Estimate
 from tuner.statistics.calibration import Calibration
-from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
 from tuner.study.identity import StudyIdentity
-from tuner.study.outcome import StudyOutcome
 
 IDENTITY = StudyIdentity.from_dict(
     {"model": "tiny", "task": "qa", "search_space": "stages", "speedup": "flops", "n_examples": None}

@@ -14,17 +14,17 @@ import pytest
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner.evaluation.fidelity import FidelityEvaluator
+from tuner.evaluation.losses import BaselineStats, Budget, ScoreLoss
+from tuner.orchestration.session import open_session
 from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
 from tuner.stages.confirm import Confirmation, FreshPrompts, candidate_of, confirm, fresh_kl_of
 from tuner.stages.front import fastest_feasible, study_records
+from tuner.stages.outcome import StudyOutcome
 from tuner.stages.rule import measured_fresh_kl, spread
 from tuner.statistics.bootstrap import estimate, macro_weights
-from tuner.statistics.losses import BaselineStats, Budget, ScoreLoss
 from tuner.study.identity import StudyIdentity
-from tuner.study.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
-from tuner.study.session import open_session
 from tuner.study.spaces.base import KEEP_ALL_ATTR
 
 

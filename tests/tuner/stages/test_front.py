@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.support import hand_record
+from tuner.evaluation.losses import FidelityLoss
 from tuner.stages.front import distinct, fastest_feasible, feasible_front, non_dominated
-from tuner.statistics.losses import FidelityLoss
 
 # (speedup, loss) per trial; trial 5 repeats trial 1's values with another schedule
 POINTS = [(1.0, 0.0), (1.5, 1.0), (1.4, 2.0), (2.0, 3.0), (1.2, -0.5), (1.5, 1.0)]

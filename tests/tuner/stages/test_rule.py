@@ -12,9 +12,10 @@ import pytest
 import tuner.stages.rule as rule
 from lazyllm.schedule import Revival, Schedule
 from tests.support import load_benchmark
+from tuner.evaluation.losses import FidelityLoss, ScoreLoss
 from tuner.statistics.bootstrap import estimate
-from tuner.statistics.calibration import LINEAR, Calibration, ScoredSchedule
-from tuner.statistics.losses import FidelityLoss, ScoreLoss
+from tuner.statistics.calibration import Calibration, ScoredSchedule
+from tuner.statistics.shape import LINEAR
 from tuner.study.records import TrialRecord
 
 KEYS = [f"d{i % 2}/r{i}" for i in range(10)]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tuner.statistics.bootstrap import macro_weights
-from tuner.statistics.calibration import Calibration, ScoredSchedule, check_exponent, fit
+from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
+from tuner.statistics.shape import check_exponent
 
 
 def _simulate(

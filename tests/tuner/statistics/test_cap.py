@@ -12,10 +12,10 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.support import longbench_dir
+from tuner.evaluation.losses import Budget
 from tuner.search import main
 from tuner.stages.front import study_records
 from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, SearchCap, search_cap
-from tuner.statistics.losses import Budget
 from tuner.statistics.prior import PRIOR_DIR
 from tuner.study.identity import StudyIdentity
 from tuner.study.settings import SearchSettings

@@ -12,9 +12,10 @@ import pytest
 import tuner.stages.rule as rule
 import tuner.statistics.prior as prior_module
 from tests.support import load_benchmark
-from tuner.statistics.calibration import LINEAR, SQUARE_ROOT, Calibration, ScoredSchedule
-from tuner.statistics.losses import FidelityLoss, ScoreLoss
+from tuner.evaluation.losses import FidelityLoss, ScoreLoss
+from tuner.statistics.calibration import Calibration, ScoredSchedule
 from tuner.statistics.prior import PowerPoint, SlopePrior, nearest, packaged, packaged_path, resolve
+from tuner.statistics.shape import LINEAR, SQUARE_ROOT
 from tuner.study.settings import SearchSettings
 
 

@@ -30,13 +30,13 @@ from tests.support import (
     wait_for_http,
 )
 from tuner import export as export_cli
+from tuner.evaluation.losses import Budget, FidelityLoss, ScoreLoss
 from tuner.search import main
 from tuner.stages.confirm import CandidateResult, Confirmation
+from tuner.stages.outcome import StudyOutcome
 from tuner.statistics.bootstrap import Estimate
 from tuner.statistics.calibration import Calibration
-from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
 from tuner.study.identity import StudyIdentity
-from tuner.study.outcome import StudyOutcome
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
 from tuner.study.workers import DuplicateSchedule, never_ran

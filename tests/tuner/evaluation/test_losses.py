@@ -1,11 +1,11 @@
-"""tuner.statistics.losses: each loss owns its unit, budget and early-stop rule; the registry lists its names."""
+"""tuner.evaluation.losses: each loss owns its unit, budget and early-stop rule; the registry lists its names."""
 
 from __future__ import annotations
 
 import pytest
 
 from tuner.evaluation.fidelity import ExampleDrift
-from tuner.statistics.losses import (
+from tuner.evaluation.losses import (
     LOSSES,
     MIN_EXAMPLES_TO_DOMINATE,
     FidelityLoss,

@@ -1,4 +1,4 @@
-"""tuner.study.stores.sqlite_path: the one parser of SQLite URLs (export and tracking use it too)."""
+"""tuner.study.storage.sqlite_path: the one parser of SQLite URLs (export and tracking use it too)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import tuner
 from tuner.export import existing_tracking_uri, load_existing_study
-from tuner.study.stores import check_storage, sqlite_path
+from tuner.study.storage import check_storage, sqlite_path
 from tuner.tracking.runs import check_reachable
 
 
@@ -70,10 +70,10 @@ def test_no_other_module_slices_sqlite_urls() -> None:
     """A second parser (``url.split("///")``, ``uri[len("sqlite:///"):]``) is how the two drifted."""
     root = Path(tuner.__file__).parent
     modules = sorted(root.rglob("*.py"))  # every sub-package too, not only the top-level modules
-    assert root / "study" / "stores.py" in modules and root / "study" / "spaces" / "base.py" in modules
+    assert root / "study" / "storage.py" in modules and root / "study" / "spaces" / "base.py" in modules
     offenders = []
     for path in modules:
-        if path == root / "study" / "stores.py":
+        if path == root / "study" / "storage.py":
             continue
         tree = ast.parse(path.read_text())
         built = {id(c) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for c in ast.walk(f)}

@@ -1,4 +1,4 @@
-"""tuner.held: a Ctrl-C inside a held block waits for the block, a second one does not (real SIGINTs)."""
+"""tuner.interrupts: a Ctrl-C inside a held block waits for the block, a second one does not (real SIGINTs)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tuner.held import held_interrupts, whole
+from tuner.interrupts import held_interrupts, whole
 
 
 def _ctrl_c() -> None:

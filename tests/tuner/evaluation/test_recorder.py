@@ -1,4 +1,4 @@
-"""tuner.evaluation.rows: a recorder's append-only JSONL survives a kill mid-write, never a damaged file."""
+"""tuner.evaluation.recorder: a recorder's append-only JSONL survives a kill mid-write, never a damaged file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.evaluation.rows import read_rows
+from tuner.evaluation.recorder import read_rows
 
 
 def test_a_torn_last_line_is_cut_off_and_the_rest_kept(tmp_path: Path) -> None:

@@ -1,7 +1,11 @@
-"""Ctrl-C held back until a tracking write is whole.
+"""Ctrl-C handling, in one place: held back until a tracking write is whole, and ended cleanly while a
+command still imports.
 
-A KeyboardInterrupt raised in the middle of an MLflow call can land inside a SQLite transaction. The
-store's own connection then still holds the database lock while the way out (the trial's FAILED run,
+**While a command imports** (:func:`interrupts_end_the_start`): torch and transformers take seconds to
+load; a Ctrl-C then prints one line and exits with status 130, not a traceback.
+
+**While a write runs** (:func:`held_interrupts`, :func:`whole`): a KeyboardInterrupt raised in the
+middle of an MLflow call can land inside a SQLite transaction. The store's own connection then still holds the database lock while the way out (the trial's FAILED run,
 the parent's KILLED status) writes through another connection of the same process, which waits out
 SQLite's busy timeout (MLflow sets 20 s) on every write: a Ctrl-C that takes a minute to end the run.
 Inside :func:`held_interrupts` the first Ctrl-C is remembered and raised as soon as the block ends, so
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -74,3 +79,18 @@ def whole(method: Callable[P, R]) -> Callable[P, R]:
             return method(*args, **kwargs)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def interrupts_end_the_start(module: str) -> Iterator[None]:
+    """Around a command module's imports: a Ctrl-C there ends the command before it did anything. Only
+    when ``module`` (the caller's ``__name__``) runs as the program; an import by other code is left as is."""
+    if module != "__main__":
+        yield
+        return
+    try:
+        yield
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while ending changes nothing
+        sys.stderr.write("\ninterrupted while starting: nothing was done\n")
+        raise SystemExit(130) from None

@@ -1,4 +1,4 @@
-"""tuner.evaluation.speed: the robust speedup statistic, deterministically (made-up timings), and its re-measurement."""
+"""tuner.statistics.speed: the robust speedup statistic, deterministically (made-up timings), and its re-measurement."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from lazyllm import LazyLLM, Schedule
 from tests.support import make_tiny
-from tuner.evaluation.speed import (
+from tuner.statistics.speed import (
     SpeedMeasurement,
     clock_timer,
     generation_timer,

@@ -18,10 +18,10 @@ import optuna
 
 import lazyllm
 from lazyllm.schedule import Schedule
+from tuner.evaluation.losses import Budget, Loss
 from tuner.stages.confirm import Confirmation
 from tuner.stages.front import fastest_feasible, non_dominated, study_records
 from tuner.stages.heldout import HeldoutReport
-from tuner.statistics.losses import Budget, Loss
 from tuner.study.identity import StudyIdentity
 from tuner.study.records import TrialRecord
 

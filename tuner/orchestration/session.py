@@ -24,24 +24,30 @@ from tqdm.auto import tqdm
 
 from lazyllm.models import load_model
 from tuner.data.prompts import heldout_note
+from tuner.evaluation.losses import Budget
 from tuner.evaluation.runner import Evaluator
+from tuner.orchestration.preflight import check_search
 from tuner.redact import redact_url
 from tuner.report.console import summary_lines
 from tuner.report.decision import explain, power_line, timing_sentence
 from tuner.report.files import write_outcome
 from tuner.stages.confirm import confirm
-from tuner.stages.decision import TrialTiming
+from tuner.stages.decision import TrialTiming, decide, recommendation_certainty
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
+from tuner.stages.outcome import StudyOutcome
 from tuner.stages.trial import TrialRunner
-from tuner.statistics.losses import Budget
-from tuner.study.outcome import StudyOutcome
-from tuner.study.preflight import check_search
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import load_space
-from tuner.study.storage import finished_trials, make_storage, open_study, study_lock, warm_start
-from tuner.study.stores import prepare_mlflow_store
+from tuner.study.storage import (
+    finished_trials,
+    make_storage,
+    open_study,
+    prepare_mlflow_store,
+    study_lock,
+    warm_start,
+)
 from tuner.study.workers import DUPLICATE_ATTR, run_trials, worker_device, worker_threads
 from tuner.tracking.runs import Tracker, default_tracking_uri, wanted
 
@@ -88,7 +94,7 @@ class Progress:
 
 
 def preflight(settings: SearchSettings) -> None:
-    """Every check that needs no model and writes nothing (:func:`tuner.study.preflight.check_search`)."""
+    """Every check that needs no model and writes nothing (:func:`tuner.orchestration.preflight.check_search`)."""
     check_search(settings)
 
 
@@ -244,8 +250,11 @@ def conclude(session: Session) -> StudyOutcome:
     outcome = StudyOutcome.from_study(study, runner.budget)
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
     timing = TrialTiming.of(study, settings.n_trials, settings.trials_timeout)
-    outcome = dataclasses.replace(outcome, decision=explain(outcome, timing))
-    outcome = dataclasses.replace(outcome, power=power_line(outcome))
+    decision = decide(outcome, timing)
+    outcome = dataclasses.replace(outcome, decision=explain(outcome, decision))
+    outcome = dataclasses.replace(
+        outcome, power=power_line(outcome, decision, recommendation_certainty(outcome))
+    )
     prompts = settings.prompts_file
     note = "" if prompts is None or settings.heldout else heldout_note(prompts, settings.split_seed)
     if note:  # --no-heldout on a file too small for a check: the report says why there is none

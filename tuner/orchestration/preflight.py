@@ -2,7 +2,7 @@
 and before anything is written.
 
 Each entry point calls its check first and starts work only when it passes: ``tuner.search``
-(:func:`check_search`, through :func:`tuner.study.session.preflight`), ``tuner.export``
+(:func:`check_search`, through :func:`tuner.orchestration.session.preflight`), ``tuner.export``
 (:func:`check_tracking`, :func:`check_budget`, :func:`tuner.tracking.registry.check_name`),
 ``tuner.evaluate`` (:func:`check_evaluate`) and the served model (:func:`tuner.tracking.serving.check_request`,
 per request); ``lazyllm.generate``, which must not import the tuner, has the same step of its own
@@ -40,7 +40,7 @@ def check_search(settings: SearchSettings) -> None:
     from tuner.data.prompts import check_splits
     from tuner.data.sources import resolve_source
     from tuner.study.spaces import load_space
-    from tuner.study.stores import check_storage, check_tracking_store, sqlite_path
+    from tuner.study.storage import check_storage, check_tracking_store, sqlite_path
     from tuner.tracking.registry import check_name
     from tuner.tracking.runs import default_tracking_uri, wanted
 

@@ -1,4 +1,4 @@
-"""tuner.study.session: the stages run in order and every output is written once, after they all ran.
+"""tuner.orchestration.session: the stages run in order and every output is written once, after they all ran.
 
 A run stopped during confirmation leaves no unconfirmed ``recommended.json`` (the files are written
 from the finished outcome only), and an output a run regenerates, truncated by an earlier crash, never
@@ -16,7 +16,7 @@ import pytest
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner.search import main
-from tuner.study import session as session_module
+from tuner.orchestration import session as session_module
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
@@ -95,9 +95,9 @@ def test_a_non_default_scoring_rule_travels_from_the_trial_to_the_file(
     rec = Schedule.load(study_dir / "recommended.json")
     assert rec.prunes and str(rec.scoring) in ("w8-softmax-max7-sum", "w1-raw-avg5-sum")
     from lazyllm.engine import LazyLLM
+    from tuner.orchestration.session import open_session
     from tuner.search import parse_settings
     from tuner.stages.front import study_records
-    from tuner.study.session import open_session
 
     session = open_session(parse_settings(argv), progress=False)
     try:
