@@ -229,16 +229,16 @@ def hand_record(
 def decision_outcome(
     next_upper: float, slope: float, slope_upper: float, max_scored: float, at_90: float | None = None
 ) -> Any:
-    """A :class:`~tuner.study.outcome.StudyOutcome` for the decision: trial 1 (1.4x, KL 0.1)
+    """A :class:`~tuner.stages.outcome.StudyOutcome` for the decision: trial 1 (1.4x, KL 0.1)
     recommended; trial 2 (1.8x, KL 0.3, bound ``next_upper``) the next step up; a pooled calibration
     (``slope``, ``slope_upper`` at 0.6, largest scored KL ``max_scored``, 13 examples, budget 2 points);
     ``at_90``: the slope's bound at --confidence 0.9 (None: a calibration stored before it was recorded)."""
+    from tuner.evaluation.losses import Budget, FidelityLoss, ScoreLoss
     from tuner.stages.confirm import CandidateResult, Confirmation
+    from tuner.stages.outcome import StudyOutcome
     from tuner.statistics.bootstrap import Estimate
     from tuner.statistics.calibration import Calibration
-    from tuner.statistics.losses import Budget, FidelityLoss, ScoreLoss
     from tuner.study.identity import StudyIdentity
-    from tuner.study.outcome import StudyOutcome
 
     identity = {
         "model": "tiny",
