@@ -49,6 +49,8 @@ STUDY = "chaos"
 # chosen so that at most one signal is drawn later than 0.3 s after a moment of the summary (Pareto
 # front, Held-out, MLflow), the only ones a fast machine may finish before its signal arrives
 SEED = 142
+MOMENT_WAIT_S = 300
+"""The longest a run may take to reach its moment: a run that neither reaches it nor ends has hung."""
 INTERRUPTIONS = 10
 # at least this many of the seeded runs must end by their signal (130 or killed): a run that finished
 # first tests nothing; 10 of 10 land on a busy 2-core machine, the margin is for a fast one
@@ -119,7 +121,9 @@ def test_seeded_signals_at_random_moments_then_rerun(tiny_folder: Path, tmp_path
         proc = _start(argv, tmp_path, log)
         sent = False
         try:
+            deadline = time.monotonic() + MOMENT_WAIT_S
             while proc.poll() is None and not _reached(log.read_text(errors="replace"), moment):
+                assert time.monotonic() < deadline, f"run {i} reached neither {moment!r} nor its end in {MOMENT_WAIT_S} s"
                 time.sleep(0.05)
             time.sleep(delay)
             if proc.poll() is None:
