@@ -64,7 +64,7 @@ import torch
 
 from lazyllm.attention import CALL_KWARG, AttentionCall, lazyllm_layers
 from lazyllm.engine import GenerationResult, LazyLLM, PromptPrefix
-from lazyllm.prefill import RowPrefill, decodes_frozen, prefill_row, prefill_rows
+from lazyllm.prefill import KV, RowPrefill, decodes_frozen, prefill_row, prefill_rows
 from lazyllm.sampling import Sampling, TokenPicker
 from lazyllm.text import StopCriteria, caller_stacklevel
 from lazyllm.timing import synchronize
@@ -73,6 +73,9 @@ DEFAULT_BATCH_SIZE = 8
 
 CANCELLED = "cancelled"
 """The ``finish_reason`` of a request whose ``on_token`` callback returned False."""
+
+NOT_FINITE = "the model's next-token logits for this request are not finite (inf or NaN)"
+"""The error of a row whose logits overflowed: it fails alone, its neighbours go on."""
 
 OnToken = Callable[[int, int], bool | None]
 """``on_token(i, token_id)``: a new token of request ``i``; return False to cancel that request."""
@@ -313,6 +316,8 @@ def _first_token(index: int, request: BatchRequest, prep: _Prepared, prefill: Ro
     sampling = prep.sampling
     picker = None if sampling.greedy else sampling.picker(prep.ids, request.max_new_tokens)
     logits = prefill.logits
+    if not bool(torch.isfinite(logits).all()):
+        raise FloatingPointError(NOT_FINITE)
     token = int(logits[0].argmax()) if picker is None else int(picker.pick(logits))
     row = _Row(
         index=index,
@@ -373,16 +378,21 @@ def _decode_together(decoder: FrozenDecoder, rows: list[_Row], on_token: OnToken
 
 
 class FrozenDecoder:
-    """Decoding steps of ``frozen`` prefills as one batch (the module docstring's steps 2 and 3).
+    """Decoding steps of ``frozen`` prefills as one batch (the module docstring's steps 2 and 3), with
+    TGI's two verbs on a running batch: :meth:`keep` (rows leave) and :meth:`extend` (rows join).
 
-    Per layer ``l`` the rows' stores are stacked into one ``[B, KVH, L_l + room, D]`` cache (``L_l``:
-    the most tokens any row computed at ``l``), with slot positions and a validity mask; each
-    :meth:`step` writes every row's new key/value into the next free slot (the buffers double when
-    full). The rows may come from engines with different schedules, on one model.
+    Per layer ``l`` the rows' stores are stacked into one ``[B, KVH, S_l, D]`` cache: each row's
+    prefill in slots ``0..m_b-1`` (``m_b``: what it computed at ``l``), then one slot per decoding
+    step, written by every row at the layer's shared next slot; a validity mask ``[B, S_l]`` blocks
+    the slots a row never wrote, and slot positions ``[B, S_l]`` carry each key's original position
+    (keys are stored after their rotary embedding, so a slot's place does not matter). Each row has
+    its own next position (its prompt length plus its tokens fed so far), so rows that joined at
+    different steps decode side by side. The buffers double when full. The rows may come from
+    engines with different schedules, on one model.
 
     Args:
         engine: any engine on the rows' model (its stack and attention kernel are used).
-        prefills: the rows' prefills, in batch order.
+        prefills: the rows' prefills, in batch order (at least one).
         room: decoding steps to make room for up front.
     """
 
@@ -390,59 +400,67 @@ class FrozenDecoder:
         self.stack = engine.stack
         self.layers, self.inner = lazyllm_layers(engine.model, self.stack.layers)
         self.device = engine.device
+        self.room = max(room, 1)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.positions: list[torch.Tensor] = []
         self.valid: list[torch.Tensor] = []
-        self.base: list[int] = []  # per layer: the slot of step 0
+        self.slot: list[int] = []  # per layer: the slot the next step writes
         for li in range(len(self.layers)):
             parts = [p.cache[li] for p in prefills]
             longest = max(k.shape[2] for k, _, _ in parts)
-            first = parts[0][0]
-            shape = (len(parts), first.shape[1], longest + max(room, 1), first.shape[3])
-            k_all, v_all = first.new_zeros(shape), first.new_zeros(shape)
-            p_all = torch.zeros(shape[0], shape[2], dtype=torch.long, device=self.device)
-            ok = torch.zeros(shape[0], shape[2], dtype=torch.bool, device=self.device)
-            for b, (k, v, p) in enumerate(parts):
-                m = k.shape[2]
-                k_all[b, :, :m], v_all[b, :, :m], p_all[b, :m], ok[b, :m] = k[0], v[0], p, True
+            k_all, v_all, p_all, ok = self._stacked(parts, longest + self.room)
             self.keys.append(k_all)
             self.values.append(v_all)
             self.positions.append(p_all)
             self.valid.append(ok)
-            self.base.append(longest)
-        self.n = torch.tensor([p.n for p in prefills], device=self.device)
+            self.slot.append(longest)
+        self.next_pos = torch.tensor([p.n for p in prefills], device=self.device)  # [B]
         self.steps = 0
+
+    def _stacked(
+        self, parts: Sequence[KV], width: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows' stores of one layer in slots ``0..m_b-1`` of ``width`` slots: keys, values
+        ``[B, KVH, width, D]``, positions ``[B, width]`` and validity ``[B, width]``."""
+        first = parts[0][0]
+        shape = (len(parts), first.shape[1], width, first.shape[3])
+        k_all, v_all = first.new_zeros(shape), first.new_zeros(shape)
+        p_all = torch.zeros(shape[0], width, dtype=torch.long, device=self.device)
+        ok = torch.zeros(shape[0], width, dtype=torch.bool, device=self.device)
+        for b, (k, v, pos) in enumerate(parts):
+            m = k.shape[2]
+            k_all[b, :, :m], v_all[b, :, :m], p_all[b, :m], ok[b, :m] = k[0], v[0], pos, True
+        return k_all, v_all, p_all, ok
 
     @property
     def batch_size(self) -> int:
-        return int(self.n.shape[0])
+        return int(self.next_pos.shape[0])
 
-    def _grow(self) -> None:
-        """Double every layer's room for new slots."""
-        for li in range(len(self.layers)):
-            extra = self.keys[li].shape[2]
-            k = self.keys[li]
-            self.keys[li] = torch.cat([k, k.new_zeros(*k.shape[:2], extra, k.shape[3])], 2)
-            v = self.values[li]
-            self.values[li] = torch.cat([v, v.new_zeros(*v.shape[:2], extra, v.shape[3])], 2)
-            p = self.positions[li]
-            self.positions[li] = torch.cat([p, p.new_zeros(p.shape[0], extra)], 1)
-            ok = self.valid[li]
-            self.valid[li] = torch.cat([ok, ok.new_zeros(ok.shape[0], extra)], 1)
+    def _grow(self, li: int, width: int) -> None:
+        """Give layer ``li``'s buffers at least ``width`` slots (doubling)."""
+        have = self.keys[li].shape[2]
+        if width <= have:
+            return
+        extra = max(width, 2 * have) - have
+        k, v, p, ok = self.keys[li], self.values[li], self.positions[li], self.valid[li]
+        self.keys[li] = torch.cat([k, k.new_zeros(*k.shape[:2], extra, k.shape[3])], 2)
+        self.values[li] = torch.cat([v, v.new_zeros(*v.shape[:2], extra, v.shape[3])], 2)
+        self.positions[li] = torch.cat([p, p.new_zeros(p.shape[0], extra)], 1)
+        self.valid[li] = torch.cat([ok, ok.new_zeros(ok.shape[0], extra)], 1)
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed each row's newest token ``tokens`` ``[B]`` at its next position; return ``[B, vocab]``
         float32 next-token logits."""
-        stack, device, step = self.stack, self.device, self.steps
-        if any(self.base[li] + step >= self.keys[li].shape[2] for li in range(len(self.layers))):
-            self._grow()
-        pos = self.n + step  # [B] where each row's newest token sits
+        stack, device = self.stack, self.device
+        for li in range(len(self.layers)):
+            self._grow(li, self.slot[li] + 1)
+        pos = self.next_pos  # [B] where each row's newest token sits
         hidden = stack.embed(tokens[:, None])
         embeddings = stack.position_embeddings(hidden, pos[:, None])
         for index, layer in enumerate(self.layers):
-            slot = self.base[index] + step
+            slot = self.slot[index]
             keys_l, values_l, pos_l, ok_l = (
                 self.keys[index], self.values[index], self.positions[index], self.valid[index]
             )  # fmt: skip
@@ -473,6 +491,8 @@ class FrozenDecoder:
                 position_embeddings=embeddings[stack.layer_types[index]],
                 **{CALL_KWARG: AttentionCall(inner=self.inner, store=store)},
             )
+            self.slot[index] = slot + 1
+        self.next_pos = self.next_pos + 1
         self.steps += 1
         return stack.logits(hidden).float()
 
@@ -483,7 +503,185 @@ class FrozenDecoder:
         self.values = [v.index_select(0, at) for v in self.values]
         self.positions = [p.index_select(0, at) for p in self.positions]
         self.valid = [v.index_select(0, at) for v in self.valid]
-        self.n = self.n.index_select(0, at)
+        self.next_pos = self.next_pos.index_select(0, at)
+
+    def extend(self, prefills: Sequence[RowPrefill]) -> None:
+        """Rows join the batch after the current ones (continuous batching): each row's prefill is
+        stacked in slots ``0..m_b-1`` and its first decoding step writes the layer's shared next slot,
+        which moves past the longest joining prefill where that one is longer (the slots between stay
+        invalid for the rows already here). Each row then decodes exactly as in a batch of its own."""
+        if not prefills:
+            return
+        for li in range(len(self.layers)):
+            parts = [p.cache[li] for p in prefills]
+            longest = max(k.shape[2] for k, _, _ in parts)
+            slot = max(self.slot[li], longest)
+            self._grow(li, slot + self.room)
+            width = self.keys[li].shape[2]
+            k_new, v_new, p_new, ok_new = self._stacked(parts, width)
+            self.keys[li] = torch.cat([self.keys[li], k_new])
+            self.values[li] = torch.cat([self.values[li], v_new])
+            self.positions[li] = torch.cat([self.positions[li], p_new])
+            self.valid[li] = torch.cat([self.valid[li], ok_new])
+            self.slot[li] = slot
+        joining = torch.tensor([p.n for p in prefills], device=self.device)
+        self.next_pos = torch.cat([self.next_pos, joining])
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request of a :class:`RunningBatch` that left it: its result, or why it failed (its own error).
+
+    Attributes:
+        key: the request's key, as given to :meth:`RunningBatch.add`.
+        result: the generation (``finish_reason`` ``"cancelled"`` if ``on_token`` refused a token);
+            None when it failed.
+        error: one line saying why it failed (None when it did not).
+    """
+
+    key: int
+    result: GenerationResult | None
+    error: str | None = None
+
+
+def _failure(key: int, exc: BaseException) -> Finished:
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return Finished(key, None, f"{type(exc).__name__}: {message}")
+
+
+class RunningBatch:
+    """Frozen generations decoded as one batch that requests join and leave between steps: continuous
+    batching, as TGI's router and vLLM's engine loop do it.
+
+    :meth:`add` prefills new requests (those of one engine as one padded batch,
+    :func:`~lazyllm.prefill.prefill_rows`), chooses their first tokens and joins the unfinished ones to
+    the running :class:`FrozenDecoder` (``extend``); :meth:`step` feeds every row its newest token,
+    chooses each row's next one (its own picker), and drops the rows that stopped (``keep``). Each
+    request gets the tokens it gets alone (:meth:`LazyLLM.generate`, greedy or with its own seed),
+    whenever it joined and whoever its neighbours are: the same keys with the same weights.
+
+    **A request's failure is its own.** Its prompt, its sampling (a draw from inf/NaN probabilities),
+    non-finite logits in its row, or an exception from ``on_token`` for it end that request alone, as a
+    :class:`Finished` with ``error``; a batched prefill that raises is retried row by row so that only
+    the failing prompt fails. Only an error of the shared decoding step itself (the device) escapes
+    :meth:`step`: no row can be told apart from another there.
+
+    Args:
+        on_token: ``on_token(key, token_id)`` for each new token; False cancels that request.
+    """
+
+    def __init__(self, on_token: OnToken | None = None) -> None:
+        self.on_token = on_token
+        self.rows: list[_Row] = []
+        self.decoder: FrozenDecoder | None = None
+
+    @property
+    def size(self) -> int:
+        """Requests decoding now."""
+        return len(self.rows)
+
+    @torch.inference_mode()
+    def add(self, requests: Sequence[tuple[int, BatchRequest]]) -> list[Finished]:
+        """Prefill ``(key, request)`` pairs (every request's schedule :func:`decodes_frozen`, no
+        teacher forcing) and join them; returns those that ended already (at their first token, or
+        failed)."""
+        t0 = time.perf_counter()
+        finished: list[Finished] = []
+        groups: dict[int, list[tuple[int, BatchRequest, _Prepared]]] = {}
+        for key, request in requests:
+            if not decodes_frozen(request.engine) or request.forced is not None or request.force_own:
+                raise ValueError("RunningBatch decodes frozen generations without teacher forcing only")
+            try:
+                prepared = _Prepared.of(request)
+            except Exception as exc:  # its own prompt or settings
+                finished.append(_failure(key, exc))
+                continue
+            groups.setdefault(id(request.engine), []).append((key, request, prepared))
+        joining: list[tuple[_Row, RowPrefill]] = []
+        for members in groups.values():
+            for (key, request, prep), prefill in zip(members, self._prefill(members, finished)):
+                if prefill is None:
+                    continue
+                try:
+                    row = _first_token(key, request, prep, prefill, t0)
+                    _offer(row, self.on_token)
+                except Exception as exc:
+                    finished.append(_failure(key, exc))
+                    continue
+                if row.finish is None:
+                    joining.append((row, prefill))
+                else:
+                    finished.append(Finished(key, _result(row)))
+        if joining:
+            prefills = [prefill for _, prefill in joining]
+            if self.decoder is None:
+                engine = next(iter(groups.values()))[0][1].engine
+                self.decoder = FrozenDecoder(engine, prefills, room=max(r.limit for r, _ in joining))
+            else:
+                self.decoder.extend(prefills)
+            self.rows += [row for row, _ in joining]
+        return finished
+
+    def _prefill(
+        self, members: list[tuple[int, BatchRequest, _Prepared]], finished: list[Finished]
+    ) -> list[RowPrefill | None]:
+        """The members' prefills (one engine) as one batch; if that raises, one by one, so that a
+        failing prompt fails alone (None in its place)."""
+        engine = members[0][1].engine
+        try:
+            return list(prefill_rows(engine, [p.ids for _, _, p in members]))
+        except Exception as exc:
+            if len(members) == 1:
+                finished.append(_failure(members[0][0], exc))
+                return [None]
+        out: list[RowPrefill | None] = []
+        for key, _, prep in members:
+            try:
+                out.append(prefill_row(engine, prep.ids))
+            except Exception as exc:
+                finished.append(_failure(key, exc))
+                out.append(None)
+        return out
+
+    @torch.inference_mode()
+    def step(self) -> list[Finished]:
+        """One decoding step of every row; returns the requests that ended with it (stopped,
+        cancelled or failed). An error of the shared step itself is raised (the rows stay)."""
+        if self.decoder is None or not self.rows:
+            return []
+        device = self.decoder.device
+        logits = self.decoder.step(torch.tensor([r.tokens[-1] for r in self.rows], device=device))
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        greedy = logits.argmax(dim=-1).tolist()
+        keep: list[int] = []
+        finished: list[Finished] = []
+        for b, row in enumerate(self.rows):
+            try:
+                if not finite[b]:
+                    raise FloatingPointError(NOT_FINITE)
+                token = greedy[b] if row.picker is None else int(row.picker.pick(logits[b : b + 1]))
+                row.tokens.append(token)
+                _offer(row, self.on_token)
+            except Exception as exc:
+                finished.append(_failure(row.index, exc))
+                continue
+            if row.finish is None:
+                keep.append(b)
+            else:
+                finished.append(Finished(row.index, _result(row)))
+        if len(keep) < len(self.rows):
+            self.rows = [self.rows[b] for b in keep]
+            if keep:
+                self.decoder.keep(keep)
+            else:
+                self.decoder = None
+        return finished
+
+    def clear(self) -> list[int]:
+        """Drop every row (the shared step failed, or the server stops); returns their keys."""
+        keys = [row.index for row in self.rows]
+        self.rows, self.decoder = [], None
+        return keys
 
 
 def _result(row: _Row) -> GenerationResult:

@@ -1,29 +1,13 @@
-"""An OpenAI-compatible HTTP server for tuned schedules (FastAPI + uvicorn).
+"""``python -m lazyllm.serve``: an OpenAI-compatible HTTP server for tuned schedules (FastAPI + uvicorn).
 
     python -m lazyllm.serve --model smollm2-135m --schedule schedule.json [--schedule fast=other.json] \\
-        [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-queue 64] [--max-prompt-tokens N] \\
-        [--dtype auto] [--device cpu]
+        [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--allow-host NAME] [--max-batch 8] ...
 
-Any OpenAI client talks to it with ``base_url="http://HOST:PORT/v1"`` (any API key):
-
-* ``POST /v1/chat/completions``: the tokenizer's chat template applied to ``messages``;
-* ``POST /v1/completions``: the raw ``prompt`` (never a chat template);
-* ``GET /v1/models``: the served model (``--served-model-name``, default ``--model``) with its schedules;
-* ``GET /health``: ``{"status": "ok", ...}`` and the worker's counters (:class:`~lazyllm.serving.queue.Stats`).
-
-Bodies are checked by :mod:`lazyllm.serving.protocol` (fields, errors and answers as OpenAI has them);
-``"stream": true`` answers as server-sent events in OpenAI's chunk format. Each request may choose
-its schedule with the extra field ``"schedule"``: a name from ``--schedule NAME=PATH`` (a bare path
-is named ``tuned``), or ``unpruned`` (the model without pruning, for comparison); the default is the
-first ``--schedule``. Every answer (the last chunk of a stream) has a ``lazyllm`` object: the
-schedule, the share of prompt (token, layer) pairs computed, ``ttft_s`` (seconds from the request's
-arrival at the worker queue to its first token), ``queue_s`` and ``batch_size``.
-
-Concurrent requests are batched by one engine worker (:mod:`lazyllm.serving.queue`: admission at batch
-boundaries). Refusals are OpenAI error objects: 400 for a bad body (naming the field) or a prompt
-over ``--max-prompt-tokens`` or the context (naming the limit), 404 for another ``model``, 413 for a
-body over ``--max-body-bytes``, 429 with ``Retry-After`` when ``--max-queue`` requests wait already.
-A client that disconnects stops its request at the next token.
+Any OpenAI client talks to it with ``base_url="http://HOST:PORT/v1"`` and the server's key (any
+string when it has none). This module is the command line only; the app is
+:mod:`lazyllm.serving.app` (routes, checks, errors), the request queue :mod:`lazyllm.serving.queue`
+(continuous batching), the request bodies :mod:`lazyllm.serving.protocol`; docs/serving.md says
+what each flag does.
 
 The registered MLflow model (``models:/NAME@alias``) is served by ``python -m tuner.serve``, which
 downloads it and starts this same app (this package never imports MLflow).
@@ -33,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
+import os
 import sys
+import threading
 import warnings
 from typing import Any
 
 from lazyllm.cli import cli_main
 from lazyllm.models import DEFAULT_MODEL, DTYPES
 from lazyllm.serving.app import Served, create_app
-from lazyllm.serving.settings import DEFAULT_SCHEDULE_NAME, UNPRUNED, ServeSettings
+from lazyllm.serving.settings import API_KEY_ENV, DEFAULT_SCHEDULE_NAME, UNPRUNED, ServeSettings
 
 __all__ = ["DEFAULT_SCHEDULE_NAME", "UNPRUNED", "ServeSettings", "Served", "add_arguments", "create_app",
            "main", "run", "settings_from_args"]  # fmt: skip
@@ -84,6 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser, *, schedules: bool = True) ->
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="allow a hub model's own Python code"
     )
+    parser.add_argument(
+        "--api-key",
+        help=f"key every /v1 request must send as 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; none)",
+    )
+    parser.add_argument(
+        "--allow-host", action="append", default=[], metavar="NAME",
+        help="a Host header name to accept besides the bound address (repeatable; * accepts any)",
+    )  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace, **given: Any) -> ServeSettings:
@@ -93,6 +88,8 @@ def settings_from_args(args: argparse.Namespace, **given: Any) -> ServeSettings:
         "max_prompt_tokens": args.max_prompt_tokens, "max_body_bytes": args.max_body_bytes,
         "default_max_tokens": args.default_max_tokens, "served_model_name": args.served_model_name,
         "dtype": args.dtype, "device": args.device, "trust_remote_code": args.trust_remote_code,
+        "api_key": args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None,
+        "allow_hosts": tuple(args.allow_host),
     }  # fmt: skip
     if "schedules" not in given:
         values["model"] = args.model
@@ -111,14 +108,26 @@ def _log_config() -> dict[str, Any]:
 
 
 def run(settings: ServeSettings) -> int:
-    """Load, then serve until interrupted (uvicorn, one process: the worker thread owns the model)."""
+    """Load, then serve until interrupted (uvicorn, one process: the worker thread owns the model).
+
+    On Ctrl-C / SIGTERM the queue drains at once (waiting requests get 503, new ones too, ``/health``
+    says ``stopping``), open requests get 5 s to end, then the worker stops (what still runs gets 503).
+    """
     import uvicorn
 
     # said once at start (Served.load) instead of by generate_batch at every request of such a schedule
     warnings.filterwarnings("ignore", message=".*revive tokens while decoding")
     app = create_app(settings)
-    # open streams get 5 s to end on Ctrl-C / SIGTERM, then the worker finishes its batch and stops
-    uvicorn.run(
+    queue = app.state.handlers.served.queue
+    if settings.api_key is not None:
+        logging.getLogger("lazyllm.serve").warning("every /v1 request needs the API key")
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            threading.Thread(target=queue.drain, name="lazyllm-drain", daemon=True).start()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -126,6 +135,7 @@ def run(settings: ServeSettings) -> int:
         log_config=_log_config(),
         timeout_graceful_shutdown=5,
     )
+    Server(config).run()
     return 0
 
 

@@ -155,13 +155,24 @@ class StopCriteria:
             eos_ids=frozenset(int(i) for i in ids), stop_strings=tuple(stop_strings), tokenizer=tokenizer
         )
 
+    @property
+    def window(self) -> int:
+        """Tokens whose text :meth:`check` decodes: enough to hold the longest stop string (a token
+        gives at least one byte, a character at most four) with margin for the window's first token,
+        whose text may decode differently without the tokens before it."""
+        return 4 * max((len(s) for s in self.stop_strings), default=0) + 8
+
     def check(self, generated: list[int]) -> str | None:
-        """ "eos" or "stop_string" if the generation should end now, else None."""
+        """ "eos" or "stop_string" if the generation should end now, else None.
+
+        Called after each new token, so a stop string is found when it first appears, ending in the
+        newest token's text: only the last :attr:`window` tokens are decoded (not the whole
+        generation at every token)."""
         if generated and generated[-1] in self.eos_ids:
             return "eos"
         if self.stop_strings:
-            text = self.tokenizer.decode(generated, skip_special_tokens=True)
-            if any(s in text for s in self.stop_strings):
+            tail = self.tokenizer.decode(generated[-self.window :], skip_special_tokens=True)
+            if any(s in tail for s in self.stop_strings):
                 return "stop_string"
         return None
 

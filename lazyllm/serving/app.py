@@ -1,20 +1,30 @@
 """The FastAPI app of ``python -m lazyllm.serve``: :func:`create_app` wires the routes to one
 :class:`Handlers` object (kept on ``app.state.handlers``), which owns the loaded model
-(:class:`Served`) and the request queue.
+(:class:`Served`), the request queue and the metrics.
 
 Routes: ``POST /v1/chat/completions`` (the chat template applied to ``messages``), ``POST
-/v1/completions`` (the raw ``prompt``), ``GET /v1/models``, ``GET /health``. Every refusal is
-OpenAI's error object (:class:`~lazyllm.serving.protocol.APIError`) with its HTTP status.
+/v1/completions`` (the raw ``prompt``, never a chat template), ``GET /v1/models``, ``GET /health``
+(503 once the worker is dead or the server stops), ``GET /metrics`` (Prometheus).
+
+Before any route, :class:`Guard` (one ASGI middleware) checks what every request must satisfy, in
+this order: the ``Host`` header names the bound address or an ``--allow-host`` (else 403: a web page
+cannot reach the server through a DNS name of its own), the API key on ``/v1`` routes (else 401),
+a JSON ``Content-Type`` on a POST (else 415: a browser sends ``text/plain`` across origins without
+asking first, ``application/json`` only after a CORS preflight this server never grants), and the
+body size (else 413). Every refusal, there or in a route, is OpenAI's error object
+(:class:`~lazyllm.serving.protocol.APIError`) with its HTTP status, rendered as ASCII JSON (so no
+string a client sends can break the answer); an unexpected error is a 500 of the same shape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,11 +39,14 @@ from lazyllm.engine import LazyLLM
 from lazyllm.limits import PromptLimit, context_length, prompt_limit
 from lazyllm.models import load_model
 from lazyllm.schedule import Schedule
+from lazyllm.serving.metrics import CONTENT_TYPE, Metrics
 from lazyllm.serving.protocol import (
     SSE_DONE,
     APIError,
+    ChatBody,
     ChatRequest,
     Chunks,
+    CompletionBody,
     CompletionRequest,
     Decoding,
     ResponseHead,
@@ -44,22 +57,46 @@ from lazyllm.serving.protocol import (
     sse,
     text_completion,
 )
-from lazyllm.serving.queue import Done, Event, Failed, Job, QueueFull, Scheduler, Token
+from lazyllm.serving.queue import Done, Event, Failed, Job, QueueFull, RequestQueue, ShuttingDown, Token
 from lazyllm.serving.settings import UNPRUNED, ServeSettings
 from lazyllm.streaming import IncrementalText
 from lazyllm.text import StopCriteria, encode_prompt
 
 log = logging.getLogger("lazyllm.serve")
 
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+"""The routes (``/metrics`` counts requests by these; any other path counts as ``other``)."""
+
+
+class OpenAIJSON(JSONResponse):
+    """A JSON answer rendered as ASCII (a lone surrogate echoed in a message cannot fail it)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
+def error_response(error: APIError) -> OpenAIJSON:
+    headers = {"Retry-After": "1"} if error.status in (429, 503) else {}
+    if error.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return OpenAIJSON(error.body(), status_code=error.status, headers=headers)
+
 
 @dataclass
 class Served:
-    """The loaded model, one engine per schedule name, and the worker."""
+    """The loaded model, one engine per schedule name, the request queue and the metrics."""
 
     settings: ServeSettings
     engines: dict[str, LazyLLM]
     tokenizer: Any
-    scheduler: Scheduler
+    queue: RequestQueue
+    metrics: Metrics
     context: int | None
     started: int = field(default_factory=lambda: int(time.time()))
 
@@ -89,8 +126,18 @@ class Served:
                     "schedule %r revives tokens while decoding (revival %s): its requests are decoded "
                     "one at a time, not batched", name, engine.schedule.revival,
                 )  # fmt: skip
-        scheduler = Scheduler(max_batch=settings.max_batch, max_queue=settings.max_queue)
-        return cls(settings, engines, tokenizer, scheduler, context_length(model))
+        return cls.of(settings, engines, tokenizer, context_length(model))
+
+    @classmethod
+    def of(
+        cls, settings: ServeSettings, engines: dict[str, LazyLLM], tokenizer: Any, context: int | None
+    ) -> Served:
+        """Engines already built (the tests' in-process app): a fresh queue and metrics for them."""
+        holder: list[RequestQueue] = []
+        metrics = Metrics(lambda: holder[0].waiting, lambda: holder[0].stats.running)
+        queue = RequestQueue(max_batch=settings.max_batch, max_queue=settings.max_queue, observer=metrics)
+        holder.append(queue)
+        return cls(settings, engines, tokenizer, queue, metrics, context)
 
     def prompt_limit(self, max_tokens: int) -> PromptLimit:
         """The most prompt tokens a request of ``max_tokens`` may have (:func:`lazyllm.limits.prompt_limit`)."""
@@ -100,27 +147,117 @@ class Served:
             raise APIError(str(exc), param="max_tokens") from None
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body as JSON; a body over ``limit`` bytes is a 413 (read whole first, up to a
-    bound, so the client gets the answer instead of a reset connection)."""
-    size, chunks, over = 0, [], False
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            over = True
-            if size > 16 * limit:  # stop reading; the connection may be reset
+class Guard:
+    """The checks every request passes before a route (see the module docstring), and the count of
+    answers by route and status for ``/metrics``."""
+
+    def __init__(self, app: ASGIApp, settings: ServeSettings, metrics: Metrics) -> None:
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+        self.any_host = "*" in settings.allow_hosts
+        self.hosts = settings.hosts
+        self.key = None if settings.api_key is None else f"Bearer {settings.api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        route = path if path in ROUTES else "other"
+        status = [500]
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+            error = self._refusal(path, scope["method"], headers)
+            if error is None and scope["method"] == "POST":
+                body, error = await self._body(receive, headers)
+                if error is None:
+                    receive = _replay(body, receive)
+            if error is not None:
+                await error_response(error)(scope, receive, counted)
+                return
+            await self.app(scope, receive, counted)
+        finally:
+            self.metrics.answered(route, status[0])
+
+    def _refusal(self, path: str, method: str, headers: dict[str, bytes]) -> APIError | None:
+        if not self.any_host and _hostname(headers.get("host", b"")) not in self.hosts:
+            return APIError(
+                "the Host header does not name this server's address; start it with --allow-host NAME "
+                "to accept that name",
+                status=403, code="host_not_allowed",
+            )  # fmt: skip
+        if self.key is not None and path.startswith("/v1"):
+            given = headers.get("authorization", b"")
+            if not hmac.compare_digest(given, self.key):
+                return APIError(
+                    "missing or incorrect API key: send the server's key as 'Authorization: Bearer KEY' "
+                    "(the OpenAI client's api_key)",
+                    status=401, code="invalid_api_key",
+                )  # fmt: skip
+        if method == "POST":
+            kind = headers.get("content-type", b"").split(b";")[0].strip().lower()
+            if not (
+                kind == b"application/json" or (kind.startswith(b"application/") and kind.endswith(b"+json"))
+            ):
+                return APIError(
+                    f"Content-Type {kind.decode('latin-1') or '(none)'!r}: send the body as application/json",
+                    status=415, code="unsupported_media_type",
+                )  # fmt: skip
+        return None
+
+    async def _body(self, receive: Receive, headers: dict[str, bytes]) -> tuple[bytes, APIError | None]:
+        """The whole body; over ``--max-body-bytes`` a 413 (read on up to a bound first, so the client
+        gets the answer instead of a reset connection)."""
+        limit = self.settings.max_body_bytes
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            more = bool(message.get("more_body", False))
+            if size > 16 * limit:
                 break
-            continue
-        chunks.append(chunk)
-    if over:
-        raise APIError(
-            f"the request body has more than {limit} bytes, the server's limit (--max-body-bytes)",
-            status=413, code="request_too_large",
-        )  # fmt: skip
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError as exc:
-        raise APIError(f"the request body is not valid JSON: {exc}") from None
+            if size <= limit:
+                chunks.append(chunk)
+        if size > limit:
+            return b"", APIError(
+                f"the request body has more than {limit} bytes, the server's limit (--max-body-bytes)",
+                status=413, code="request_too_large",
+            )  # fmt: skip
+        return b"".join(chunks), None
+
+
+def _hostname(host: bytes) -> str:
+    """``Host`` without its port, lower case (``[::1]:8000`` is ``::1``)."""
+    text = host.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1:].split("]", 1)[0]
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the app the body already read, then the client's later messages
+    (its disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
 
 
 def _extension(done: Done, name: str) -> dict[str, Any]:
@@ -128,6 +265,11 @@ def _extension(done: Done, name: str) -> dict[str, Any]:
     return lazyllm_fields(
         done.result, schedule=name, ttft_s=done.ttft_s, queue_s=done.queue_s, batch_size=done.batch_size
     )
+
+
+def _server_error(event: Failed) -> APIError:
+    code = "shutting_down" if event.status == 503 else None
+    return APIError(event.message, status=event.status, kind="server_error", code=code)
 
 
 class Handlers:
@@ -139,15 +281,21 @@ class Handlers:
         self.options: dict[str, Any] = {
             "default_max_tokens": self.settings.default_max_tokens,
             "models": [self.settings.name],
+            "schedules": list(served.engines),
         }
 
     # --- GET ------------------------------------------------------------------------------------------
-    async def health(self) -> dict[str, Any]:
-        served, settings = self.served, self.settings
-        return {"status": "ok", "model": settings.name, "schedules": list(served.engines),
+    async def health(self) -> OpenAIJSON:
+        """The worker's counters; 503 with ``status`` ``stopping`` or ``dead`` when it takes no requests."""
+        served, settings, queue = self.served, self.settings, self.served.queue
+        status = "ok" if queue.alive else "stopping" if queue.stopping else "dead"
+        body = {"status": status, "model": settings.name, "schedules": list(served.engines),
                 "default_schedule": served.default, "max_batch": settings.max_batch,
-                "max_queue": settings.max_queue, "waiting": served.scheduler.waiting,
-                **vars(served.scheduler.stats)}  # fmt: skip
+                "max_queue": settings.max_queue, "waiting": queue.waiting, **vars(queue.stats)}  # fmt: skip
+        return OpenAIJSON(body, status_code=200 if status == "ok" else 503)
+
+    async def metrics(self) -> Response:
+        return Response(self.served.metrics.text(), media_type=CONTENT_TYPE)
 
     async def models(self) -> dict[str, Any]:
         served = self.served
@@ -156,27 +304,33 @@ class Handlers:
         return {"object": "list", "data": [entry]}
 
     # --- POST -----------------------------------------------------------------------------------------
-    async def chat(self, request: Request) -> Any:
+    async def chat(self, request: Request, body: ChatBody) -> Any:
+        """OpenAI's chat completions: the tokenizer's chat template applied to ``messages``."""
         served = self.served
-        body = await read_json(request, self.settings.max_body_bytes)
-        checked = check_chat_request(body, schedules=list(served.engines), **self.options)
+        checked = check_chat_request(body, **self.options)
         if not getattr(served.tokenizer, "chat_template", None):
             raise APIError(
                 "the model's tokenizer has no chat template: use /v1/completions with a raw prompt",
                 param="messages",
             )
-        try:
-            ids = await run_in_threadpool(encode_prompt, served.tokenizer, list(checked.messages))
-        except ValueError as exc:
-            raise APIError(str(exc), param="messages") from None
-        return await self.answer(request, checked, ids[0].tolist(), "messages")
+        ids = await self._encode(list(checked.messages), None, "messages")
+        return await self.answer(request, checked, ids, "messages")
 
-    async def completions(self, request: Request) -> Any:
-        served = self.served
-        body = await read_json(request, self.settings.max_body_bytes)
-        checked = check_completion_request(body, schedules=list(served.engines), **self.options)
-        ids = await run_in_threadpool(encode_prompt, served.tokenizer, checked.prompt)
-        return await self.answer(request, checked, ids[0].tolist(), "prompt")
+    async def completions(self, request: Request, body: CompletionBody) -> Any:
+        """OpenAI's (text) completions: the raw prompt, never a chat template."""
+        checked = check_completion_request(body, **self.options)
+        ids = await self._encode(checked.prompt, False, "prompt")
+        return await self.answer(request, checked, ids, "prompt")
+
+    async def _encode(self, prompt: Any, chat: bool | None, param: str) -> list[int]:
+        try:
+            ids = await run_in_threadpool(encode_prompt, self.served.tokenizer, prompt, chat=chat)
+        except Exception as exc:  # the template or the tokenizer refused this text
+            message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise APIError(f"{param} could not be encoded: {message}", param=param) from None
+        if ids.shape[1] == 0:
+            raise APIError(f"{param} encodes to no tokens; give some text", param=param)
+        return list(ids[0].tolist())
 
     async def answer(
         self, request: Request, checked: ChatRequest | CompletionRequest, ids: list[int], field: str
@@ -200,10 +354,12 @@ class Handlers:
         job = Job(served.engines[name], tuple(ids), decoding.max_tokens, decoding.stop, decoding.sampling,
                   emit, stream=decoding.stream)  # fmt: skip
         try:
-            served.scheduler.submit(job)
+            served.queue.submit(job)
         except QueueFull as exc:
             raise APIError(f"the server is busy ({exc}); retry after a second", status=429,
                            code="rate_limit_exceeded", kind="rate_limit_error") from None  # fmt: skip
+        except ShuttingDown as exc:
+            raise APIError(str(exc), status=503, kind="server_error", code="shutting_down") from None
         chat = isinstance(checked, ChatRequest)
         head = ResponseHead.new("chatcmpl" if chat else "cmpl", self.settings.name)
         if decoding.stream:
@@ -213,45 +369,58 @@ class Handlers:
         if done is None:
             return Response(status_code=499)  # nobody reads it: the client has gone
         build = chat_completion if chat else text_completion
-        return build(head, done.result, done.result.text or "", _extension(done, name))
+        return OpenAIJSON(build(head, done.result, done.result.text or "", _extension(done, name)))
 
     # --- errors ---------------------------------------------------------------------------------------
-    async def api_error(self, request: Request, exc: Exception) -> JSONResponse:
+    async def api_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
-        headers = {"Retry-After": "1"} if exc.status == 429 else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        return error_response(exc)
 
-    async def http_error(self, request: Request, exc: Exception) -> JSONResponse:
+    async def http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        error = APIError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code)
-        return JSONResponse(error.body(), status_code=exc.status_code)
+        detail = exc.detail
+        if exc.status_code == 400 and "parsing the body" in str(detail):
+            detail = "the request body is not valid JSON (or is nested too deeply)"
+        return error_response(
+            APIError(f"{request.method} {request.url.path}: {detail}", status=exc.status_code)
+        )
 
-    async def validation_error(self, request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(APIError(f"{request.url.path}: {exc}").body(), status_code=400)
+    async def validation_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(APIError.from_validation(list(exc.errors())))
+
+    async def unexpected(self, request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error answering %s %s", request.method, request.url.path)
+        error = APIError(f"internal error ({type(exc).__name__}); the request was not answered",
+                         status=500, kind="server_error")  # fmt: skip
+        return error_response(error)
 
 
 def create_app(settings: ServeSettings, served: Served | None = None) -> FastAPI:
-    """The FastAPI app serving ``settings`` (loads the model unless ``served`` is given). The engine
-    worker starts and stops with the app (its lifespan)."""
+    """The FastAPI app serving ``settings`` (loads the model unless ``served`` is given). The request
+    queue's worker starts and stops with the app (its lifespan)."""
     handlers = Handlers(served or Served.load(settings))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        handlers.served.scheduler.start()
+        handlers.served.queue.start()
         try:
             yield
         finally:
-            handlers.served.scheduler.stop(timeout=30)
+            await run_in_threadpool(handlers.served.queue.stop, 30)
 
-    app = FastAPI(title="lazyllm", lifespan=lifespan)
+    app = FastAPI(title="lazyllm", lifespan=lifespan, default_response_class=OpenAIJSON)
     app.state.handlers = handlers
     app.add_exception_handler(APIError, handlers.api_error)
     app.add_exception_handler(HTTPException, handlers.http_error)
     app.add_exception_handler(RequestValidationError, handlers.validation_error)
+    app.add_exception_handler(Exception, handlers.unexpected)
     app.add_api_route("/health", handlers.health, methods=["GET"])
+    app.add_api_route("/metrics", handlers.metrics, methods=["GET"], include_in_schema=False)
     app.add_api_route("/v1/models", handlers.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", handlers.chat, methods=["POST"])
     app.add_api_route("/v1/completions", handlers.completions, methods=["POST"])
+    app.add_middleware(Guard, settings=settings, metrics=handlers.served.metrics)
     return app
 
 
@@ -269,7 +438,7 @@ async def _wait(request: Request, job: Job, events: asyncio.Queue[Event]) -> Don
         if isinstance(event, Done):
             return event
         if isinstance(event, Failed):
-            raise APIError(event.message, status=500, kind="server_error")
+            raise _server_error(event)
 
 
 async def _stream(
@@ -282,8 +451,8 @@ async def _stream(
     chat: bool,
 ) -> AsyncIterator[str]:
     """Server-sent events of one job: a chunk per new piece of text (the first right after the first
-    token), the finish reason with the ``lazyllm`` object, ``usage`` if asked, then ``[DONE]``. If
-    the client goes, the generator is closed and the job cancelled."""
+    token), the finish reason with the ``lazyllm`` object, ``usage`` if asked, then ``[DONE]``; a
+    failure is an error event, then ``[DONE]``. If the client goes, the job is cancelled."""
     stop = StopCriteria.build(job.engine.model, served.tokenizer, None, decoding.stop)
     text = IncrementalText(stop)
     chunks = Chunks(head, chat, decoding.include_usage)
@@ -298,7 +467,7 @@ async def _stream(
                     yield sse(chunks.piece(piece, first=len(tokens) == 1))
                 continue
             if isinstance(event, Failed):
-                yield sse(APIError(event.message, status=500, kind="server_error").body())
+                yield sse(_server_error(event).body())
                 yield SSE_DONE
                 return
             result = event.result

@@ -1,36 +1,50 @@
-"""The serving scheduler: one engine worker thread that decodes concurrent requests as batches.
+"""The server's request queue: one engine worker thread that decodes the requests as one running
+batch, admitting new ones at every decoding step (continuous batching).
 
-Requests wait in a bounded queue (:meth:`Scheduler.submit` refuses one when ``max_queue`` are
-waiting). The worker **admits at batch boundaries**: when it is idle it takes every waiting request,
-up to ``max_batch``, and decodes them as one batch with :func:`lazyllm.batch.generate_batch`
-(each prompt pruned by its own schedule's prefill, the decoding steps shared); a request that arrives
-while a batch runs waits for that batch to finish, then joins the next one with everything else that
-arrived meanwhile. Requests are never admitted into a running decode batch (the batched engine has
-no step-level admission), so a short request behind a long batch waits for it: its ``queue_s`` says
-how long. A schedule that revives tokens while decoding (``dynamic``, ``budget:N``) cannot share
-decoding steps: its requests run one at a time (``generate_batch`` runs each as ``LazyLLM.generate``
-would), in the worker's turn, and say ``batch_size`` 1.
+Requests wait in a bounded FIFO queue (:meth:`RequestQueue.submit` refuses one with
+:class:`QueueFull` when ``max_queue`` are waiting, with :class:`ShuttingDown` once the server stops).
+Before each decoding step the worker admits waiting requests, oldest first, while fewer than
+``max_batch`` decode: it prefills them (those of one schedule as one padded batch), hands out their
+first tokens, and they join the running batch (:class:`lazyllm.batch.RunningBatch`); a request that
+arrives while a long one decodes starts at the next step instead of waiting for it to end. A request
+that stops (EOS, a stop string, its ``max_tokens``) leaves the batch at once. Each request gets the
+tokens it gets alone, whatever joined or left around it.
 
-Every new token is reported as it is produced (``on_token``); a request whose client has gone
-(:meth:`Job.cancel`) leaves its batch at the next token and costs no more compute, and one cancelled
-while it waits is never started. The worker owns the model: no other thread runs it, and no lock is
-held around a batch (the queue is the only shared structure besides per-job flags).
+A schedule that revives tokens while decoding (``dynamic``, ``budget:N``) cannot share decoding
+steps: such a request runs alone once it is first in line and the batch is empty (nothing is admitted
+past it meanwhile, so it is not starved), and says ``batch_size`` 1.
 
-:class:`Stats` counts what the worker did (tokens generated, batches and their largest size, requests
-cancelled), for ``/health``.
+**Failures are per request**: a request whose prompt, sampling or logits fail (see
+:class:`~lazyllm.batch.RunningBatch`) gets :class:`Failed` alone; only an error of the shared decoding
+step fails the requests decoding with it. **Cancelling** (:meth:`Job.cancel`, the client has gone)
+takes a waiting request out of the queue at once (its place is free for the next one) and a running
+one out of the batch at its next token. **Stopping** answers every waiting and running request with
+:class:`Failed` (503) and ends the worker after its current step.
+
+The worker owns the model: no other thread runs it. The queue (a deque under one condition
+variable) and per-job flags are the only shared state; no lock is held while the model runs.
+:class:`Stats` counts what the worker did, for ``/health`` and ``/metrics``.
 """
 
 from __future__ import annotations
 
-import queue
+import itertools
+import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from lazyllm.batch import BatchRequest, OnToken, decodes_frozen, generate_batch
-from lazyllm.engine import GenerationResult, LazyLLM
+from lazyllm.batch import CANCELLED, BatchRequest, Finished, RunningBatch, decodes_frozen, generate_batch
+from lazyllm.engine import LazyLLM
+from lazyllm.results import GenerationResult
 from lazyllm.sampling import Sampling
+
+log = logging.getLogger("lazyllm.serve")
+
+SHUTTING_DOWN = "the server is shutting down; retry on another replica or later"
 
 
 @dataclass(frozen=True)
@@ -45,10 +59,10 @@ class Done:
     """A job's generation, finished.
 
     Attributes:
-        result: the engine's result (``ttft_s`` is the batched prefill's own).
-        queue_s: seconds from submission to the start of the job's batch.
+        result: the engine's result (``ttft_s`` is the job's own prefill's).
+        queue_s: seconds from submission to the job's admission into the batch.
         ttft_s: seconds from submission to the job's first token (queueing included).
-        batch_size: how many requests its batch decoded together.
+        batch_size: the most requests decoding together while the job ran.
     """
 
     result: GenerationResult
@@ -59,12 +73,30 @@ class Done:
 
 @dataclass(frozen=True)
 class Failed:
-    """A job that could not be generated (the engine raised, or the server is stopping)."""
+    """A job that could not be generated: its own error (500), or the server stopping (503)."""
 
     message: str
+    status: int = 500
 
 
 Event = Token | Done | Failed
+
+
+class QueueObserver(Protocol):
+    """What the worker reports as it goes (``/metrics``); every method is called on the worker thread
+    and must not block."""
+
+    def step(self, batch_size: int) -> None:
+        """A decoding step of ``batch_size`` requests."""
+
+    def first_token(self, seconds: float) -> None:
+        """A request's first token, ``seconds`` after its submission."""
+
+    def token_gap(self, seconds: float) -> None:
+        """A request's next token, ``seconds`` after its previous one."""
+
+    def done(self, done: Done) -> None:
+        """A request answered."""
 
 
 @dataclass(eq=False)
@@ -91,35 +123,53 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     started: float | None = None
     first_token: float | None = None
+    last_token: float | None = None
+    batch_size: int = 1
     _cancelled: threading.Event = field(default_factory=threading.Event)
+    _on_cancel: Callable[[Job], None] | None = None
 
     def cancel(self) -> None:
-        """Stop spending compute on this job (its client has gone): it leaves its batch at its next token."""
-        self._cancelled.set()
+        """Stop spending compute on this job (its client has gone): out of the queue at once if it
+        waits, out of the batch at its next token if it runs."""
+        if not self._cancelled.is_set():
+            self._cancelled.set()
+            if self._on_cancel is not None:
+                self._on_cancel(self)
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
+    def request(self) -> BatchRequest:
+        """The job as the batch takes it."""
+        return BatchRequest(
+            engine=self.engine, input_ids=self.input_ids, max_new_tokens=self.max_tokens,
+            stop_strings=self.stop, sampling=self.sampling, seed=self.sampling.seed,
+        )  # fmt: skip
+
 
 @dataclass
 class Stats:
-    """What the worker did since start (written by the worker thread only).
+    """What the worker did since start.
 
     Attributes:
         generated_tokens: tokens produced, over every request (cancelled ones included).
-        batches: batches decoded.
-        largest_batch: the most requests one batch decoded together.
-        requests: requests finished (answered or cancelled).
+        batches: admissions (requests prefilled together and joined to the running batch).
+        steps: decoding steps of the running batch.
+        largest_batch: the most requests decoding together.
+        requests: requests finished (answered, failed or cancelled).
         cancelled: requests cancelled by their client (before or while they ran).
-        running: requests in the batch being decoded now.
+        failed: requests answered with an error.
+        running: requests decoding now.
     """
 
     generated_tokens: int = 0
     batches: int = 0
+    steps: int = 0
     largest_batch: int = 0
     requests: int = 0
     cancelled: int = 0
+    failed: int = 0
     running: int = 0
 
 
@@ -127,137 +177,232 @@ class QueueFull(Exception):
     """The queue holds ``max_queue`` waiting requests already."""
 
 
-class Scheduler:
-    """One worker thread batching the queued jobs (see the module docstring).
+class ShuttingDown(Exception):
+    """The server is stopping and takes no more requests."""
+
+
+class RequestQueue:
+    """The queue and its worker thread (see the module docstring).
 
     Args:
-        max_batch: the most requests decoded together.
-        max_queue: the most requests waiting (not yet in a batch); :meth:`submit` refuses more.
+        max_batch: the most requests decoding together.
+        max_queue: the most requests waiting (not yet admitted); :meth:`submit` refuses more.
+        observer: told of every step and token (``/metrics``); None: nobody.
     """
 
-    def __init__(self, *, max_batch: int, max_queue: int) -> None:
+    def __init__(self, *, max_batch: int, max_queue: int, observer: QueueObserver | None = None) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch = {max_batch}, max_queue = {max_queue}: both must be >= 1")
         self.max_batch = max_batch
         self.max_queue = max_queue
+        self.observer = observer
         self.stats = Stats()
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._waiting: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._jobs: dict[int, Job] = {}  # running, by key (worker thread only)
+        self._keys = itertools.count()
         self._thread = threading.Thread(target=self._work, name="lazyllm-engine", daemon=True)
-        self._stopping = False
-        self._running: Sequence[Job] = ()
+        self._draining = False  # no more requests
+        self._stopping = False  # the worker ends
 
+    # --- the event loop's side ------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        """Start the worker (once; a second call does nothing)."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def drain(self) -> None:
+        """Take no more requests and answer every waiting job with :class:`Failed` (503); the running
+        ones decode on (the first half of a graceful shutdown)."""
+        with self._cond:
+            self._draining = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self.stats.requests += len(waiting)
+            self.stats.failed += len(waiting)
+            self._cond.notify_all()
+        for job in waiting:
+            job.emit(Failed(SHUTTING_DOWN, status=503))
 
     def stop(self, timeout: float | None = None) -> None:
-        """Cancel the running batch's jobs (they end at their next token), fail what waits, and end
-        the worker."""
-        self._stopping = True
-        for job in self._running:
-            job.cancel()
-        while True:
-            try:
-                waiting = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if waiting is not None:
-                waiting.emit(Failed("the server is shutting down"))
-        self._queue.put(None)
-        self._thread.join(timeout)
+        """:meth:`drain`, then end the worker after its current step (its running jobs get
+        :class:`Failed`, 503) and wait for it up to ``timeout`` seconds."""
+        self.drain()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker runs and takes requests (False once draining, or if it died)."""
+        return self._thread.is_alive() and not self._draining
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the queue takes no more requests (draining or stopped)."""
+        return self._draining
 
     @property
     def waiting(self) -> int:
-        """Jobs waiting for a batch."""
-        return self._queue.qsize()
+        """Jobs waiting to be admitted."""
+        return len(self._waiting)
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; raises :class:`QueueFull` when ``max_queue`` jobs wait already."""
-        if self._stopping:
-            raise QueueFull("the server is shutting down")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"{self.max_queue} requests are waiting already") from None
+        """Queue ``job`` (also before :meth:`start`); :class:`QueueFull` when ``max_queue`` jobs wait
+        already, :class:`ShuttingDown` once stopping or if the worker died."""
+        with self._cond:
+            if self._draining or (self._thread.ident is not None and not self._thread.is_alive()):
+                raise ShuttingDown(SHUTTING_DOWN)  # stopping, or the worker died
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{self.max_queue} requests are waiting already")
+            job._on_cancel = self._withdraw
+            self._waiting.append(job)
+            self._cond.notify()
 
+    def _withdraw(self, job: Job) -> None:
+        """A cancelled job leaves the queue at once if it still waits."""
+        with self._cond:
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                return  # running (it leaves at its next token) or finished
+            self.stats.cancelled += 1
+            self.stats.requests += 1
+
+    # --- the worker -----------------------------------------------------------------------------------
     def _work(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            jobs = [first]
-            while len(jobs) < self.max_batch:
-                try:
-                    job = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if job is None:  # stop: finish this batch first
-                    self._queue.put(None)
-                    break
-                jobs.append(job)
-            live = [j for j in jobs if not j.cancelled]
-            self.stats.cancelled += len(jobs) - len(live)
-            self.stats.requests += len(jobs) - len(live)
-            if live:
-                self._run(live)
+        batch = RunningBatch(on_token=self._on_token)
+        try:
+            while True:
+                with self._cond:
+                    while not self._waiting and not batch.size and not self._stopping:
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    admitted = self._admit(batch.size)
+                if admitted and not decodes_frozen(admitted[0].engine):
+                    self._run_alone(admitted[0])
+                    continue
+                if admitted:
+                    self._join(batch, admitted)
+                if batch.size:
+                    self._step(batch)
+        except Exception:  # a bug of the worker itself: say so; /health then answers 503
+            log.exception("the engine worker failed; the server answers 503 from now on")
+        finally:
+            self._fail_all(batch, SHUTTING_DOWN if self._stopping else "the engine worker failed")
 
-    def _run(self, jobs: Sequence[Job]) -> None:
-        """Decode ``jobs``: those whose schedules decode frozen as one batch, the others one by one."""
-        together = [j for j in jobs if decodes_frozen(j.engine)]
-        if together:
-            self._run_batch(together)
-        for job in jobs:
-            if not decodes_frozen(job.engine):
-                self._run_batch([job])  # generate_batch runs it as LazyLLM.generate would
+    def _admit(self, running: int) -> list[Job]:
+        """Waiting jobs to start now, oldest first, up to ``max_batch`` decoding (under the lock). A
+        job whose schedule revives tokens starts alone once it is first and the batch is empty."""
+        admitted: list[Job] = []
+        while self._waiting and running + len(admitted) < self.max_batch:
+            head = self._waiting[0]
+            if not decodes_frozen(head.engine):
+                if running == 0 and not admitted:
+                    admitted.append(self._waiting.popleft())
+                break  # nothing is admitted past it
+            admitted.append(self._waiting.popleft())
+        return admitted
 
-    def _run_batch(self, jobs: Sequence[Job]) -> None:
-        """Decode ``jobs`` as one batch, reporting tokens as they come."""
+    def _join(self, batch: RunningBatch, jobs: list[Job]) -> None:
         started = time.perf_counter()
+        pairs = []
         for job in jobs:
             job.started = started
+            key = next(self._keys)
+            self._jobs[key] = job
+            pairs.append((key, job.request()))
         self.stats.batches += 1
-        self.stats.largest_batch = max(self.stats.largest_batch, len(jobs))
-        self.stats.running = len(jobs)
-        self._running = jobs
+        for finished in batch.add(pairs):
+            self._finish(finished)
+        self._sizes(batch.size)
 
-        def on_token(i: int, token_id: int) -> bool:
-            job = jobs[i]
-            if job.first_token is None:
-                job.first_token = time.perf_counter()
-            self.stats.generated_tokens += 1
-            if job.stream:
-                job.emit(Token(token_id))
-            return not job.cancelled
+    def _sizes(self, size: int) -> None:
+        self.stats.running = size
+        self.stats.largest_batch = max(self.stats.largest_batch, size)
+        for job in self._jobs.values():
+            job.batch_size = max(job.batch_size, size)
 
+    def _step(self, batch: RunningBatch) -> None:
+        if self.observer is not None:
+            self.observer.step(batch.size)
+        self.stats.steps += 1
         try:
-            results = _decode_together(jobs, on_token)
-        except Exception as exc:  # a bug or a device error: every job of the batch is answered with it
+            ended = batch.step()
+        except Exception as exc:  # the shared step: every row decoding with it fails
             message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            for job in jobs:
-                job.emit(Failed(f"generation failed: {message}"))
-            return
-        finally:
-            self.stats.running = 0
-            self._running = ()
-            self.stats.requests += len(jobs)
-        for job, result in zip(jobs, results, strict=True):
-            if job.cancelled or result is None:
+            log.error("a decoding step failed (%s): its %d requests fail", message, batch.size)
+            for key in batch.clear():
+                self._finish(Finished(key, None, f"{type(exc).__name__}: {message}"))
+            ended = []
+        for finished in ended:
+            self._finish(finished)
+        self.stats.running = batch.size
+
+    def _run_alone(self, job: Job) -> None:
+        """A job whose schedule revives tokens: decoded alone, as ``LazyLLM.generate`` would."""
+        job.started = time.perf_counter()
+        key = next(self._keys)
+        self._jobs[key] = job
+        self.stats.batches += 1
+        self._sizes(1)
+        try:
+            (result,) = generate_batch([job.request()], on_token=lambda _i, t: self._on_token(key, t))
+            finished = Finished(key, result)
+        except Exception as exc:
+            message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            finished = Finished(key, None, f"{type(exc).__name__}: {message}")
+        self._finish(finished)
+        self.stats.running = 0
+
+    def _on_token(self, key: int, token_id: int) -> bool:
+        job = self._jobs[key]
+        now = time.perf_counter()
+        if self.observer is not None:
+            if job.last_token is None:
+                self.observer.first_token(now - job.submitted)
+            else:
+                self.observer.token_gap(now - job.last_token)
+        if job.first_token is None:
+            job.first_token = now
+        job.last_token = now
+        self.stats.generated_tokens += 1
+        if job.stream:
+            job.emit(Token(token_id))
+        return not job.cancelled
+
+    def _finish(self, finished: Finished) -> None:
+        """Answer a job that left the batch."""
+        job = self._jobs.pop(finished.key)
+        with self._cond:
+            self.stats.requests += 1
+            if finished.result is None:
+                self.stats.failed += 1
+            elif job.cancelled or finished.result.finish_reason == CANCELLED:
                 self.stats.cancelled += 1
-                continue
+        if finished.result is None:
+            job.emit(Failed(f"generation failed: {finished.error}"))
+        elif not (job.cancelled or finished.result.finish_reason == CANCELLED):
+            assert job.started is not None
             first = job.first_token if job.first_token is not None else time.perf_counter()
-            job.emit(Done(result, started - job.submitted, first - job.submitted, len(jobs)))
+            done = Done(finished.result, job.started - job.submitted, first - job.submitted, job.batch_size)
+            if self.observer is not None:
+                self.observer.done(done)
+            job.emit(done)
+
+    def _fail_all(self, batch: RunningBatch, message: str) -> None:
+        """Answer every running job with :class:`Failed` (503) as the worker ends."""
+        batch.clear()
+        jobs, self._jobs = list(self._jobs.values()), {}
+        with self._cond:
+            self.stats.requests += len(jobs)
+            self.stats.failed += len(jobs)
+            self.stats.running = 0
+        for job in jobs:
+            job.emit(Failed(message, status=503))
 
 
-def _decode_together(jobs: Sequence[Job], on_token: OnToken) -> list[GenerationResult]:
-    """One batch of :func:`~lazyllm.batch.generate_batch` (every job's schedule decodes frozen)."""
-    requests = [
-        BatchRequest(
-            engine=job.engine,
-            input_ids=job.input_ids,
-            max_new_tokens=job.max_tokens,
-            stop_strings=job.stop,
-            sampling=job.sampling,
-            seed=job.sampling.seed,
-        )
-        for job in jobs
-    ]
-    return list(generate_batch(requests, batch_size=len(jobs), on_token=on_token))
+Scheduler = RequestQueue
+"""The queue's name before 0.2 (``lazyllm.scheduler.Scheduler``); kept for one release."""

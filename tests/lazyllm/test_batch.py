@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lazyllm import LazyLLM, Schedule
-from lazyllm.batch import BatchRequest, decodes_frozen, generate_batch
+from lazyllm.batch import BatchRequest, Finished, RunningBatch, decodes_frozen, generate_batch
 from lazyllm.sampling import Sampling
 from tests.support import make_tiny, prompt
 
@@ -65,7 +65,8 @@ def test_rows_leave_the_batch_when_they_stop_and_prefixes_resume(tiny: Any) -> N
         alone = frozen.generate(torch.tensor(x), max_new_tokens=12, eos_token_id=e)
         assert got.token_ids == resumed.token_ids == alone.token_ids
         assert got.finish_reason == alone.finish_reason == "eos"
-        assert got.prompt_computed_fraction == pytest.approx(resumed.prompt_computed_fraction) < 1.0
+        assert got.prompt_computed_fraction == pytest.approx(resumed.prompt_computed_fraction)
+        assert got.prompt_computed_fraction < 1.0
         assert len(got.token_ids) <= 4
     limits = (12, 5, 9)  # row 0 stops at its EOS (<= 4 tokens), the others at theirs or their limit
     together = generate_batch(
@@ -222,3 +223,76 @@ def test_times_run_from_the_calls_start(tiny: Any) -> None:
     # rows 0 and 1 share one prefill (their first tokens come after it), row 2 waited for that chunk
     assert results[0].ttft_s <= results[1].ttft_s < results[0].total_s <= results[2].ttft_s
     assert all(r.ttft_s <= r.total_s for r in results)
+
+
+def _run(
+    batch: RunningBatch, requests: list[BatchRequest], joins: dict[int, list[int]]
+) -> dict[int, Finished]:
+    """Drive ``batch``: at step ``s`` the requests ``joins[s]`` join it; until every request ended."""
+    ended: dict[int, Finished] = {}
+    step = 0
+    while len(ended) < len(requests):
+        for finished in batch.add([(k, requests[k]) for k in joins.get(step, [])]):
+            ended[finished.key] = finished
+        for finished in batch.step():
+            ended[finished.key] = finished
+        step += 1
+        assert step < 200, "the batch never emptied"
+    assert batch.size == 0 and batch.decoder is None
+    return ended
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: sliding layers, rotary per layer type
+def test_requests_that_join_a_running_batch_get_what_they_get_alone(arch: str) -> None:
+    model = make_tiny(arch)
+    keep_all, frozen, early = (LazyLLM(model, s) for s in _schedules(model))
+    # (engine, prompt length, max new tokens, seed: None greedy); the 40-token prompt joins late and
+    # is longer than any row already decoding, so the shared cache grows under the running rows
+    specs = [(frozen, 23, 12, None), (keep_all, 9, 5, 4), (early, 40, 9, None), (frozen, 31, 7, 5),
+             (keep_all, 17, 10, None), (early, 12, 3, 6)]  # fmt: skip
+    requests = [
+        BatchRequest(e, prompt(n, seed=n)[0].tolist(), max_new_tokens=m, eos_token_id=(),
+                     sampling=None if seed is None else SAMPLED, seed=seed)
+        for e, n, m, seed in specs
+    ]  # fmt: skip
+    ended = _run(RunningBatch(), requests, {0: [0, 1], 2: [2], 3: [3, 4], 6: [5]})
+    for k, request in enumerate(requests):
+        alone = request.engine.generate(
+            torch.tensor(request.input_ids), max_new_tokens=request.max_new_tokens, eos_token_id=[],
+            generation_config=request.sampling, seed=request.seed,
+        )  # fmt: skip
+        got = ended[k].result
+        assert ended[k].error is None and got is not None
+        assert got.token_ids == alone.token_ids, k
+        assert (
+            got.finish_reason == "length" and got.prompt_computed_fraction == alone.prompt_computed_fraction
+        )
+        if any(request.engine.schedule.percentiles):
+            assert got.prompt_computed_fraction < 1.0
+
+
+def test_a_request_that_fails_fails_alone_and_its_neighbours_get_their_solo_tokens(tiny: Any) -> None:
+    _, frozen, early = (LazyLLM(tiny, s) for s in _schedules(tiny))
+    overflow = Sampling(do_sample=True, temperature=1e-300)  # logits / 1e-300: inf, then NaN probabilities
+    requests = [
+        BatchRequest(frozen, prompt(n, seed=n)[0].tolist(), max_new_tokens=8, eos_token_id=()) for n in (14, 27, 9)
+    ] + [
+        BatchRequest(frozen, prompt(20, seed=1)[0].tolist(), max_new_tokens=8, eos_token_id=(), sampling=overflow),
+        BatchRequest(early, [], max_new_tokens=8, eos_token_id=()),  # an empty prompt
+        BatchRequest(early, prompt(18, seed=2)[0].tolist(), max_new_tokens=8, eos_token_id=()),
+    ]  # fmt: skip
+
+    def on_token(key: int, token: int) -> bool:
+        if key == 5 and token >= 0:
+            raise RuntimeError("a callback bug for request 5")
+        return True
+
+    ended = _run(RunningBatch(on_token), requests, {0: [0, 3, 4], 1: [1, 5], 2: [2]})
+    assert "probability tensor" in str(ended[3].error) and ended[3].result is None
+    assert "input_ids is empty" in str(ended[4].error)
+    assert "a callback bug for request 5" in str(ended[5].error)
+    for k in (0, 1, 2):
+        request = requests[k]
+        alone = frozen.generate(torch.tensor(request.input_ids), max_new_tokens=8, eos_token_id=[])
+        assert ended[k].error is None and ended[k].result is not None
+        assert ended[k].result.token_ids == alone.token_ids
