@@ -352,7 +352,7 @@ class Handlers:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         job = Job(served.engines[name], tuple(ids), decoding.max_tokens, decoding.stop, decoding.sampling,
-                  emit, stream=decoding.stream)  # fmt: skip
+                  emit, stream=decoding.stream, ignore_eos=decoding.ignore_eos)  # fmt: skip
         try:
             served.queue.submit(job)
         except QueueFull as exc:

@@ -19,8 +19,10 @@ Fields, as OpenAI names and means them (a field set to ``null`` takes its defaul
 * ``model``: checked against the served names where the server gives them (404 otherwise), ignored
   by the pyfunc model; ``user``: ignored;
 * extensions, passed through the client's extra body as vLLM takes them: ``top_k`` (>= 0; off unless
-  asked: OpenAI has none), ``repetition_penalty`` (in [0.01, 100]; 1 is off), and, where the server
-  offers several schedules, ``schedule`` (a name; the default is the server's first);
+  asked: OpenAI has none), ``repetition_penalty`` (in [0.01, 100]; 1 is off), ``ignore_eos`` (decode
+  on past EOS up to ``max_tokens``: load tests ask for it), and, where the server offers several
+  schedules, ``schedule`` (a name; the default is the server's first); ``stream_options`` may carry
+  vLLM's ``continuous_usage_stats``, accepted and ignored (``usage`` comes in the last chunk);
 * OpenAI fields this engine does not implement are accepted only at the value that means "off"
   (``presence_penalty: 0``, ``logprobs: false``, ...); any other field is a 400 naming it (OpenAI
   answers an unrecognized argument with a 400 too).
@@ -162,6 +164,7 @@ class StreamOptions(BaseModel):
 
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
+    continuous_usage_stats: bool | None = Field(None, description="vLLM's; accepted and ignored")
 
 
 _Stop = str | list[str]
@@ -188,6 +191,7 @@ class _Body(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     schedule: str | None = Field(None, description="extension: a schedule the server offers (GET /v1/models)")
+    ignore_eos: bool | None = Field(None, description="extension (vLLM's): decode on past EOS to max_tokens")
     presence_penalty: float | None = Field(None, ge=-2, le=2, description="only 0 is supported")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="only 0 is supported")
     logit_bias: dict[str, float] | None = Field(None, description="only {} is supported")
@@ -237,6 +241,7 @@ class Decoding:
         stream: answer as server-sent events.
         include_usage: with ``stream``, a last chunk with ``choices: []`` and ``usage``.
         schedule: the schedule asked for by name (None: the server's default).
+        ignore_eos: decode on past EOS tokens, up to ``max_tokens`` (vLLM's extension).
     """
 
     max_tokens: int
@@ -245,6 +250,7 @@ class Decoding:
     stream: bool = False
     include_usage: bool = False
     schedule: str | None = None
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -264,7 +270,7 @@ class CompletionRequest:
 
 
 _COMMON = ("model", "user", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed",
-           "stop", "n", "stream", "stream_options", "schedule")  # fmt: skip
+           "stop", "n", "stream", "stream_options", "schedule", "ignore_eos")  # fmt: skip
 CHAT_FIELDS = ("messages", "max_completion_tokens", *_COMMON)
 COMPLETION_FIELDS = ("prompt", *_COMMON)
 # OpenAI fields accepted only at the value that means "off"
@@ -455,7 +461,10 @@ def _decoding(fields: Mapping[str, Any], max_tokens: int) -> Decoding:
     schedule = fields.get("schedule")
     if schedule is not None and not isinstance(schedule, str):
         raise APIError(f"schedule = {_short(schedule)}: must be a schedule's name", param="schedule")
-    return Decoding(max_tokens, sampling, stop, stream, include_usage, schedule)
+    ignore_eos = fields.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise APIError(f"ignore_eos = {_short(ignore_eos)}: must be true or false", param="ignore_eos")
+    return Decoding(max_tokens, sampling, stop, stream, include_usage, schedule, ignore_eos)
 
 
 def _stream_options(options: Any, stream: bool) -> bool:
@@ -464,7 +473,11 @@ def _stream_options(options: Any, stream: bool) -> bool:
         return False
     if not stream:
         raise APIError("stream_options is only allowed with stream = true", param="stream_options")
-    if not isinstance(options, Mapping) or set(options) - {"include_usage", "include_obfuscation"}:
+    if not isinstance(options, Mapping) or set(options) - {
+        "include_usage",
+        "include_obfuscation",
+        "continuous_usage_stats",
+    }:
         raise APIError(
             f"stream_options = {_short(options)}: only include_usage is supported", param="stream_options"
         )

@@ -111,6 +111,7 @@ class Job:
         sampling: the decoding strategy (its seed, if any, seeds the request alone).
         emit: called from the worker thread with each :data:`Event`; must not block.
         stream: whether to emit a :class:`Token` per token (else only the end).
+        ignore_eos: decode on past EOS tokens, up to ``max_tokens``.
     """
 
     engine: LazyLLM
@@ -120,6 +121,7 @@ class Job:
     sampling: Sampling
     emit: Callable[[Event], None]
     stream: bool = False
+    ignore_eos: bool = False
     submitted: float = field(default_factory=time.perf_counter)
     started: float | None = None
     first_token: float | None = None
@@ -145,6 +147,7 @@ class Job:
         return BatchRequest(
             engine=self.engine, input_ids=self.input_ids, max_new_tokens=self.max_tokens,
             stop_strings=self.stop, sampling=self.sampling, seed=self.sampling.seed,
+            eos_token_id=() if self.ignore_eos else None,
         )  # fmt: skip
 
 

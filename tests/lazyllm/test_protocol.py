@@ -30,6 +30,13 @@ def test_defaults_and_nulls_take_openais_meaning() -> None:
     assert streamed.decoding.stream and streamed.decoding.include_usage
     text = check_completion_request({"prompt": ["one prompt"], "max_tokens": 3}, default_max_tokens=16)
     assert text.prompt == "one prompt" and text.decoding.max_tokens == 3
+    # what load testers (GuideLLM) send, as vLLM takes it
+    load = check_completion_request(
+        {"prompt": "x", "stream": True, "stop": None, "ignore_eos": True,
+         "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        default_max_tokens=16,
+    )  # fmt: skip
+    assert load.decoding.ignore_eos and load.decoding.include_usage and not text.decoding.ignore_eos
 
 
 @pytest.mark.parametrize(
