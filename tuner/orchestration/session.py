@@ -36,6 +36,7 @@ from tuner.stages.decision import TrialTiming, decide, recommendation_certainty
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.outcome import StudyOutcome
+from tuner.stages.target import at_target
 from tuner.stages.trial import TrialRunner
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
@@ -148,7 +149,9 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
         settings.model, device=device, dtype=settings.dtype, trust_remote_code=settings.trust_remote_code
     )
     layers = int(model.config.num_hidden_layers)
-    evaluator = Evaluator(model, tokenizer, settings, settings.study_dir / "cache", progress=progress)
+    evaluator = Evaluator(  # a multi-fidelity search's trials run on its shorter prompts
+        model, tokenizer, settings.search_eval(), settings.study_dir / "cache", progress=progress
+    )
     storage: optuna.storages.RDBStorage | None = None
     try:
         with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
@@ -244,11 +247,18 @@ def conclude(session: Session) -> StudyOutcome:
     settings, study, runner = session.settings, session.study, session.runner
     records = study_records(study, settings.model)
     confirmation = None
+    target = None  # a multi-fidelity search's front at the target length: what the decision reads
     if settings.confirm_k > 0:
-        confirmation = confirm(records, runner, settings.confirm_k, complete_trials=_complete_trials(study))
+        judged, on = records, runner
+        if settings.multi_fidelity and runner.search_loss.kind == "fidelity":
+            target = at_target(records, runner)
+            judged, on = list(target.records), target.runner
+        confirmation = confirm(judged, on, settings.confirm_k, complete_trials=_complete_trials(study))
         confirmation.store(study)  # tuner.export finds the same pick later
     outcome = StudyOutcome.from_study(study, runner.budget)
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
+    if target is not None:
+        outcome = dataclasses.replace(outcome, notes=(*outcome.notes, target.note()))
     timing = TrialTiming.of(study, settings.n_trials, settings.trials_timeout)
     decision = decide(outcome, timing)
     outcome = dataclasses.replace(outcome, decision=explain(outcome, decision))

@@ -123,10 +123,14 @@ class TrialRunner:
         self.num_layers = int(self.model.config.num_hidden_layers)
         self.dims = ModelDims.from_config(self.model.config)
         examples = self.evaluator.examples
-        self.prompt_tokens = round(statistics.fmean(len(e.input_ids) for e in examples))
+        mean = round(statistics.fmean(len(e.input_ids) for e in examples))
+        # a multi-fidelity search's trials run on prompts shorter than the ones it decides for: the FLOP
+        # model (its speed objective) reads the target budget, what prompts are cut or built to
+        short = self.evaluator.config.max_prompt_tokens < self.settings.max_prompt_tokens
+        self.prompt_tokens = self.settings.max_prompt_tokens if short else mean
         # speed is timed on the example closest to the mean prompt length (TTFT is near-deterministic
         # per schedule and length, so one prompt timed robustly beats many timed once)
-        self.timing_example = min(examples, key=lambda e: (abs(len(e.input_ids) - self.prompt_tokens), e.key))
+        self.timing_example = min(examples, key=lambda e: (abs(len(e.input_ids) - mean), e.key))
         self.weights = dict(zip((e.key for e in examples), macro_weights([e.dataset for e in examples])))
         self.fidelity = (
             shared_fidelity
@@ -171,6 +175,12 @@ class TrialRunner:
         return TrialRunner.build(
             self.settings, self.model, self.tokenizer, fid.evaluator, self.space, self.budget, fid
         )
+
+    def at_target(self) -> TrialRunner:
+        """The same study on the search's examples at the target prompt length (``max_prompt_tokens``),
+        with their own baseline and unpruned side; itself unless the trials ran on shorter prompts
+        (``search_prompt_tokens``)."""
+        return self.on(self.settings.eval_only())
 
     def fidelity_on(self, config: EvalSettings) -> FidelityEvaluator:
         """The study's fidelity evaluator on the examples ``config`` names, with the search's unpruned

@@ -47,6 +47,7 @@ class StudyIdentity:
     search_cap_prior: str | None = None
     task_fingerprint: str | None = None  # a prompts file's content (and long-prompt rule): never mixed
     budget_kind: str = "gold"  # agreement: a prompts file without answers (tuner.data.prompts)
+    search_prompt_tokens: int | None = None  # a multi-fidelity search's trial length (none: the target)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not isinstance(self.task, str):

@@ -244,6 +244,24 @@ class EvalSettings:
         return dataclasses.replace(self.eval_only(), split=split)
 
 
+def _check_search_prompt_tokens(settings: SearchSettings) -> None:
+    """A multi-fidelity search's one-line errors: a length within 16..max_prompt_tokens, a fidelity
+    search (its KL needs no answer, so a shorter prompt still ranks schedules) and the FLOP model's
+    speed (a timed trial would time the short prompt, not the one the user runs)."""
+    n = settings.search_prompt_tokens
+    if isinstance(n, bool) or n is None or not 16 <= n <= settings.max_prompt_tokens:
+        raise ValueError(
+            f"search_prompt_tokens = {n}: must be in 16..max_prompt_tokens ({settings.max_prompt_tokens}), "
+            "or none for the same length"
+        )
+    if n < settings.max_prompt_tokens and (settings.accuracy != "fidelity" or settings.speedup != "flops"):
+        raise ValueError(
+            f"search_prompt_tokens = {n} < max_prompt_tokens = {settings.max_prompt_tokens} needs "
+            f"--accuracy fidelity and --speedup flops (got {settings.accuracy}, {settings.speedup}): trials "
+            "on short prompts rank schedules by KL, and their speed is the FLOP model's at the target length"
+        )
+
+
 @dataclass(frozen=True)
 class SearchSettings(EvalSettings):
     """Everything a study needs. See ``python -m tuner.search --help`` for each field."""
@@ -379,6 +397,14 @@ class SearchSettings(EvalSettings):
             "max_prompt_tokens, if any), none, or a prior JSON file (benchmarks/slope_prior.py)"
         ),
     )
+    search_prompt_tokens: int | None = field(
+        default=None,
+        metadata=_help(
+            "prompt length the search's trials run at (none = max_prompt_tokens); shorter: a multi-fidelity "
+            "search, whose feasible front is measured again at max_prompt_tokens, where the calibration, "
+            "the fresh-drift check, the held-out check and the decision run (docs/tuning.md#multi-fidelity-search)"
+        ),
+    )
     fresh_kl_examples: int = field(
         default=12,
         metadata=_help(
@@ -443,6 +469,8 @@ class SearchSettings(EvalSettings):
             raise ValueError(
                 f"timed_new_tokens = {self.timed_new_tokens}: must be >= 1 (or null for the answer length)"
             )
+        if self.search_prompt_tokens is not None:
+            _check_search_prompt_tokens(self)
         _ = self.revival_policy  # parsed once here: dynamic, frozen or budget:N; anything else is one line
         prior = self.prior  # read once here: a bad file or another model's prior is one line
         if prior is not None:
@@ -499,6 +527,30 @@ class SearchSettings(EvalSettings):
             self.slope_prior, self.model_slug, self.max_prompt_tokens, self.calibration_exponent
         )
 
+    @property
+    def multi_fidelity(self) -> bool:
+        """Whether the trials run on shorter prompts than the decision (``search_prompt_tokens``)."""
+        return self.search_prompt_tokens is not None and self.search_prompt_tokens < self.max_prompt_tokens
+
+    def search_eval(self) -> EvalSettings:
+        """What the search's trials evaluate on: :meth:`eval_only` with prompts cut (or built) to
+        ``search_prompt_tokens`` when that is set."""
+        own = self.eval_only()
+        if not self.multi_fidelity:
+            return own
+        assert self.search_prompt_tokens is not None  # multi_fidelity says so
+        return dataclasses.replace(own, max_prompt_tokens=self.search_prompt_tokens)
+
+    @functools.cached_property
+    def search_prior(self) -> SlopePrior | None:
+        """The slope prior the search cap reads: :attr:`prior`, or in a multi-fidelity search the one
+        recorded nearest ``search_prompt_tokens``, the length the trials' KL is measured at."""
+        if not self.multi_fidelity or self.slope_prior != "auto" or self.budget_kind == "agreement":
+            return self.prior
+        return resolve_prior(
+            self.slope_prior, self.model_slug, self.search_prompt_tokens, self.calibration_exponent
+        )
+
     @functools.cached_property
     def cap(self) -> SearchCap | None:
         """A fidelity search's cap (:func:`tuner.statistics.cap.search_cap`: ``max_kl``, else from
@@ -507,7 +559,7 @@ class SearchSettings(EvalSettings):
             return None
         if self.max_kl is None and self.budget_kind == "agreement" and self.prior is None:
             return agreement_cap(self.max_accuracy_loss * GOLD_PER_AGREEMENT_POINT)
-        return search_cap(self.max_accuracy_loss, self.max_kl, self.prior)
+        return search_cap(self.max_accuracy_loss, self.max_kl, self.search_prior)
 
     @property
     def search_cap(self) -> float | None:
@@ -561,7 +613,7 @@ class SearchSettings(EvalSettings):
         keys = ("model", "dtype", "task", "language", "search_space", "max_prompt_tokens", "n_examples",
                 "max_new_tokens", "split_seed", "speedup", "max_accuracy_loss", "accuracy", "max_kl", "revival", "timing_clock",
                 "confidence", "fidelity_top_k", "fidelity_gold", "search_cap", "search_cap_source",
-                "search_cap_prior")  # fmt: skip
+                "search_cap_prior", "search_prompt_tokens")  # fmt: skip
         prompts = self.prompts_file
         file = {} if prompts is None else {"task_fingerprint": f"{prompts.fingerprint}/{self.long_prompts}"}
         return (

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lazyllm.models import DEFAULT_MODEL
-from tuner.study.settings import RENAMED, STUDIES_DIR, SearchSettings, load_preset, resolve_settings
+from tuner.study.settings import NULL, RENAMED, STUDIES_DIR, SearchSettings, load_preset, resolve_settings
 
 PRESETS = sorted(STUDIES_DIR.glob("*.yaml"))
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -41,3 +41,21 @@ def test_the_gpu_preset_names_a_real_model_and_is_what_the_gpu_quickstart_runs()
     assert model != DEFAULT_MODEL and resolve_settings("qa-gpu", {}).model == model
     assert resolve_settings("qa-gpu", {"model": "my/other-model"}).model == "my/other-model"  # --model wins
     assert "--preset qa-gpu --model" in README.read_text()
+
+
+@pytest.mark.parametrize(("name", "target", "short"), [
+    ("qa-4k", 4096, 1024), ("openqa-4k", 4096, 1024), ("qa-8k", 8160, 2048), ("openqa-8k", 8160, 2048),
+])  # fmt: skip
+def test_the_long_prompt_presets_search_short_and_decide_at_their_length(
+    name: str, target: int, short: int
+) -> None:
+    from tuner.study.context import check_context
+
+    settings = resolve_settings(name, {})
+    assert (settings.max_prompt_tokens, settings.search_prompt_tokens) == (target, short)
+    assert settings.multi_fidelity and settings.search_eval().max_prompt_tokens == short
+    assert settings.evidence_settings("confirm").max_prompt_tokens == target  # decided at the target
+    assert settings.evidence_settings("heldout").max_prompt_tokens == target
+    check_context(settings.max_prompt_tokens, settings.max_new_tokens, 8192)  # SmolLM2 reads 8192
+    assert settings.heldout and settings.fresh_kl_examples > 0  # the same checks as every study
+    assert resolve_settings(name, {"search_prompt_tokens": NULL}).multi_fidelity is False  # `none` wins

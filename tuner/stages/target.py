@@ -1,0 +1,123 @@
+"""The multi-fidelity step: a search's feasible front measured again at the target prompt length.
+
+A search with ``search_prompt_tokens`` shorter than ``max_prompt_tokens`` runs its trials on the
+validation prompts cut (LongBench) or built (open-QA) to the short length: a trial's prefill costs
+about as much as the short prompt, so a search that cannot afford many trials at 4096 or 8192 tokens
+can at 1024. A schedule is a share kept per layer, so it carries over to any length unchanged. What
+does not carry over is its KL: the same schedule drifts differently on longer prompts (a fixed share
+of more tokens keeps more of them). So nothing is *decided* at the short length:
+
+1. **The trials** rank schedules by their KL at the search length, under the search cap derived in
+   those units (:attr:`tuner.study.settings.SearchSettings.search_prior`: the slope prior recorded
+   nearest the search length; ``--max-kl`` or the constant otherwise). The speed objective is the FLOP
+   model at the target budget, ``max_prompt_tokens`` (what the prompts are cut or built to), so the
+   front's speeds are the target's.
+2. **This step**: every schedule of the feasible front that drifts (KL > 0) is measured again on the same
+   validation examples at ``max_prompt_tokens`` (:meth:`tuner.stages.trial.TrialRunner.at_target`:
+   their own unpruned prefill, answer and reference), fastest first. Each becomes a record with the
+   target KL (its per-example values and bound); one whose KL goes over the cap there, or that a
+   faster one measured here confidently beats (dominated, as in a search), stops early as a trial
+   would, and leaves the front. Keep-all (KL exactly 0 at any length) is kept as it is.
+3. **The decision** (:func:`tuner.stages.confirm.confirm`) runs on those records and on the target
+   runner: the calibration's examples, the fresh-drift check's prompts and their KLs are all at
+   ``max_prompt_tokens``, so every KL the rule reads (the front's, the scored schedules', the fresh
+   prompts') is measured at one length, the one the user runs, and the cap keeps its meaning of
+   feasibility at the target too. The held-out check then times and scores the pick at the target.
+
+The cap is read at two lengths on purpose: it is in the units of the trials' KL for the search, and
+the same number bounds the target KL for feasibility in step 2. Where drift shrinks with length (as
+measured for SmolLM2: docs/tuning.md#multi-fidelity-search) this is conservative: a schedule that
+fits the cap at the short length tends to fit it at the target, and a schedule the short cap stopped
+is never seen, so the search may miss fast schedules that would have fitted at the target; it never
+lets an unmeasured one through. The hand-made schedules of the held-out check are picked on the
+search's short-length KLs (the ones the study holds), then scored and timed at the target like the
+pick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tuner.evaluation.losses import Rival
+from tuner.stages.front import feasible_front
+from tuner.stages.trial import TrialRunner
+from tuner.study.records import TrialRecord
+
+
+@dataclass(frozen=True)
+class AtTarget:
+    """The front of a multi-fidelity search measured again at the target length.
+
+    Attributes:
+        runner: the study on the search's examples at ``max_prompt_tokens`` (what the decision reads).
+        records: the search's feasible front, each drifting record replaced by its target one (what
+            the decision reads: a record off that front, measured only at the search length, would
+            sit among target KLs at another length's).
+        measured: ``(trial, KL at the search length, KL at the target or None where it stopped)`` per
+            re-measured record, fastest first (nats of mean KL per answer token).
+        search_tokens: the trials' prompt length; ``target_tokens``: the decision's.
+    """
+
+    runner: TrialRunner
+    records: tuple[TrialRecord, ...]
+    measured: tuple[tuple[int, float, float | None], ...]
+    search_tokens: int
+    target_tokens: int
+
+    def note(self) -> str:
+        """One line for the report: what was measured where."""
+        kls = ", ".join(
+            f"#{n} {short:.4f} -> {'stopped' if long is None else f'{long:.4f}'}"
+            for n, short, long in self.measured
+        )
+        return (
+            f"multi-fidelity search: trials on {self.search_tokens}-token prompts; the feasible front's "
+            f"{len(self.measured)} drifting schedules measured again at {self.target_tokens} tokens on the "
+            f"same {len(self.runner.evaluator.examples)} validation examples (KL nats, search -> target: "
+            f"{kls}); the calibration, fresh-drift check, held-out check and decision ran at "
+            f"{self.target_tokens} tokens"
+        )
+
+
+def at_target(records: Sequence[TrialRecord], runner: TrialRunner) -> AtTarget:
+    """Measure the feasible front of ``records`` (from ``runner``, the search at its short length)
+    again at ``max_prompt_tokens`` (see the module docstring)."""
+    target = runner.at_target()
+    loss = runner.search_loss
+    front = feasible_front(records, loss)
+    again: dict[int, TrialRecord] = {}
+    measured: list[tuple[int, float, float | None]] = []
+    for r in front:
+        if r.values[1] == 0:  # no drift at one length is the unpruned model's logits at every length
+            continue
+        rivals = [  # the faster schedules measured here within the cap: one that beats it dominates it
+            Rival(t.number, t.values[0], t.values[1])
+            for t in again.values()
+            if t.loss is not None and loss.within(t.loss)
+        ]
+        result = loss.measure(
+            target.context, target.engine(r.schedule), f"KL at target of trial {r.number}", rivals
+        )
+        note = {**r.provenance, "kl_prompt_tokens": runner.settings.max_prompt_tokens}
+        if result.estimate is None:
+            again[r.number] = dataclasses.replace(
+                r, loss=None, speedup=None, stopped=f"at {runner.settings.max_prompt_tokens} tokens: {result.stopped}",
+                examples_run=result.examples_run, provenance=note, per_example={}, per_dataset={},
+            )  # fmt: skip
+            measured.append((r.number, r.values[1], None))
+            continue
+        again[r.number] = dataclasses.replace(
+            r, loss=result.estimate, per_example=result.per_example, per_dataset=result.per_dataset,
+            metrics={**r.metrics, **result.metrics}, examples_run=result.examples_run, provenance=note,
+        )  # fmt: skip
+        measured.append((r.number, r.values[1], result.estimate.value))
+    short = runner.evaluator.config.max_prompt_tokens
+    return AtTarget(
+        target,
+        tuple(again.get(r.number, r) for r in front),
+        tuple(measured),
+        short,
+        runner.settings.max_prompt_tokens,
+    )
