@@ -32,7 +32,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ def timed(run: Callable[[], list[list[int]]], device: torch.device) -> tuple[flo
     return time.perf_counter() - t0, tokens
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--schedule", type=Path, help="schedule JSON (default: paper-style, frozen revival)")
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, help="default: benchmarks/data/batch_throughput.<date>.<device>.json"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     layers = int(model.config.num_hidden_layers)
@@ -156,6 +156,7 @@ def main() -> None:
     out.write_text(json.dumps({"date": date, "machine": machine, "settings": settings,
                                "schedule": json.loads(schedule.to_json()), "rows": rows}, indent=1) + "\n")  # fmt: skip
     print(f"wrote {out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -485,6 +485,8 @@ def shape_table(grid: Sequence[GridSchedule]) -> str:
             (weighted_mean(kls, weights), weighted_mean(losses, weights)),
             (g.test_kl, g.test_loss),
         )
+    if not means:  # whole-schedule rows (objective_noise.py) score test without KL
+        return "no shape table: the rows hold no test KL (per-example rows of benchmarks/record_grid.py do)"
     lines = [
         "| shape | fitted on | slope | residual mean on the other split | residual spread (sd) "
         f"| residual mean at KL <= {SMALL_KL:g} (schedules) |",

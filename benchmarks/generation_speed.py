@@ -30,7 +30,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,7 +188,7 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tokens", type=int, default=2048)
@@ -201,7 +201,7 @@ def main() -> int:
     parser.add_argument(
         "--decoding", action="store_true", help="greedy vs sampling vs streaming instead of vs transformers"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     model, tokenizer = load_model(args.model)
     layers = int(model.config.num_hidden_layers)

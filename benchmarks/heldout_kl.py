@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def row_schedules(heldout: dict[str, Any], recommended: Schedule) -> dict[str, S
     return out
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("study_dir", help="a finished study's folder (holds recommended.json and heldout.json)")
     p.add_argument(
@@ -64,7 +65,7 @@ def main() -> int:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None, help="also save the rows here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     study = Path(args.study_dir)
     missing = [n for n in ("recommended.json", "heldout.json") if not (study / n).is_file()]
     if missing:

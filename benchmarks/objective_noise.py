@@ -37,6 +37,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> None:
     evs = {}
     for split in ("validation", "test"):
         cfg = EvalSettings(
-            model=args.model, task="qa", split=split, n_examples=None, max_prompt_tokens=args.max_prompt_tokens,
+            model=args.model, task="qa", split=split, n_examples=args.n_examples, max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens=args.max_new_tokens, data_dir=args.data_dir,
         )  # fmt: skip
         ev = Evaluator(model, tokenizer, cfg, out / "cache", progress=False)
@@ -303,12 +304,13 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--n-examples", type=int, default=None, help="examples per split (default: all)")
     p.add_argument("--schedules", default="all", help="'all' or names separated by ';'")
     p.add_argument("--max-minutes", type=float, default=11.0, help="stop between schedules after this")
     p.add_argument("--threads", type=int, default=2)
@@ -326,7 +328,7 @@ def main() -> int:
     )
     p.add_argument("--out", default="outputs/objective_noise")
     p.add_argument("--report", action="store_true", help="only print the tables from the saved rows")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not args.report:
         run(args)
     result = report(args)

@@ -22,7 +22,7 @@ import functools
 import json
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def schedules(name: str, layers: int) -> dict[str, Schedule]:
     }
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
@@ -57,7 +57,7 @@ def main() -> int:
         help="one row set per dtype, timed in the same rounds; with two, also the second over the first",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     sides: dict[str, dict[str, Callable[[torch.Tensor], object]]] = {}
     scheds: dict[str, Schedule] = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +35,14 @@ def parse_override(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--like", type=Path, required=True, help="checkpoint folder: config and tokenizer")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not (args.like / "config.json").is_file():
         raise SystemExit(f"error: --like {args.like}: no config.json there; pass a checkpoint folder")
     overrides = dict(parse_override(o) for o in args.overrides)

@@ -15,6 +15,7 @@ import argparse
 import os
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import optuna
@@ -42,23 +43,27 @@ def hypervolume(points: list[tuple[float, float]], ref_speedup: float, ref_loss:
     return area
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--trials", type=int, default=12)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--samplers", nargs="+", default=["tpe", "gp", "nsga2", "random"])
     p.add_argument("--budget", type=float, default=2.0)
     p.add_argument("--data-dir", default=os.environ.get("LONGBENCH_DIR"))
-    args = p.parse_args()
+    p.add_argument("--model", default=SearchSettings.model, help="alias, checkpoint folder or hub id")
+    p.add_argument(
+        "--cache", type=Path, default=Path("benchmarks/results/cache"), help="baseline cache folder"
+    )
+    args = p.parse_args(argv)
 
     settings = SearchSettings(
-        n_trials=args.trials, n_examples=1, max_prompt_tokens=256, max_new_tokens=8, speedup="flops",
+        model=args.model, n_trials=args.trials, n_examples=1, max_prompt_tokens=256, max_new_tokens=8, speedup="flops",
         max_accuracy_loss=args.budget, data_dir=args.data_dir, tracking_uri="none",
     )  # fmt: skip
     model, tokenizer = load_model(settings.model)
     layers = int(model.config.num_hidden_layers)
     space = load_space(settings.search_space)
-    evaluator = Evaluator(model, tokenizer, settings, Path("benchmarks/results/cache"), progress=False)
+    evaluator = Evaluator(model, tokenizer, settings, args.cache, progress=False)
     baseline = BaselineStats.of(evaluator.baseline_results())
     runner = TrialRunner(
         settings, model, tokenizer, evaluator, space, baseline, Budget.from_settings(settings)

@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,8 @@ import torch
 
 from lazyllm import LazyLLM, Schedule, load_model
 from lazyllm.methods import make_method
-from tuner.data.longbench import dataset_spec
-from tuner.data.metrics import score_example
 from tuner.evaluation.fidelity import FidelityEvaluator
-from tuner.evaluation.runner import Evaluator, Example, build_examples, run_example
+from tuner.evaluation.runner import Evaluator, Example, build_examples, run_example, score_prediction
 from tuner.study.settings import EvalSettings
 
 
@@ -49,9 +48,8 @@ def run_one(generator: Any, ex: Example, stop: bool) -> dict[str, Any]:
         stop_strings=ex.stop_strings if stop else (),
     )
     n = len(result.token_ids)
-    spec = dataset_spec(ex.dataset)
     t0 = time.perf_counter()
-    score = score_example(spec.metric, result.text or "", list(ex.answers), None, spec.first_line)
+    score = score_prediction(ex, result.text or "")  # the evaluation's own scoring (classes, metric)
     return {
         "example": ex.key,
         "prompt_tokens": len(ex.input_ids),
@@ -87,7 +85,7 @@ def timed(fn: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--task", default="openqa")
@@ -97,7 +95,7 @@ def main() -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--threads", type=int, default=2, help="torch threads (1 on a CPU others share)")
     p.add_argument("--out", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, device="cpu")

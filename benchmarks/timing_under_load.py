@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ while True:
 """
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--tokens", type=int, default=1024)
@@ -49,7 +50,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hogs", type=int, nargs="+", default=[1, 2], help="hog processes, one run each")
     p.add_argument("--json", type=Path)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     model, _ = load_model(args.model)
     layers = int(model.config.num_hidden_layers)
     dims = ModelDims.from_config(model.config)

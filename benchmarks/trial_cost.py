@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -43,17 +44,22 @@ def grid(model: str, layers: int) -> dict[str, Schedule]:
     }  # fmt: skip
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--n-examples", type=int, default=None, help="validation examples (default: all)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=EvalSettings.max_new_tokens, help="answer length cap"
+    )
     p.add_argument("--cache", default="trial-cost-cache", help="baseline and reference cache folder")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     model, tokenizer = load_model(args.model)
     layers = int(model.config.num_hidden_layers)
-    cfg = EvalSettings(model=args.model, task="qa", split="validation", n_examples=None,
-                       max_prompt_tokens=args.max_prompt_tokens, data_dir=args.data_dir)  # fmt: skip
+    cfg = EvalSettings(model=args.model, task="qa", split="validation", n_examples=args.n_examples,
+                       max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+                       data_dir=args.data_dir)  # fmt: skip
     ev = Evaluator(model, tokenizer, cfg, Path(args.cache), progress=False)
     fid = FidelityEvaluator(ev)
     refs = fid.references()
