@@ -809,6 +809,11 @@ def build_split(
             else:
                 records.append(record)
                 bar.update(1)
+    if builder.corpus.pool is not None and not records:
+        raise ValueError(
+            f"no question of the packaged {builder.corpus.dataset} pool fits in {builder.max_prompt_tokens} "
+            "tokens (their gold passages alone are longer)"
+        )
     if builder.corpus.pool is not None and (limit is None or len(records) < limit):
         raise ValueError(
             f"the packaged {builder.corpus.dataset} pool holds {len(questions)} {split} questions "

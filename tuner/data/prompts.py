@@ -41,9 +41,9 @@ from tuner.data.longbench import (
     GENERIC_TEMPLATE,
     PROMPTS_SUFFIXES,
     SPLITS,
-    Split,
     _check_template,
     split_records,
+    unit_hash,
 )
 from tuner.data.metrics import METRICS
 
@@ -53,6 +53,15 @@ MAX_ROW_BYTES = 8 * 2**20
 """A longer line (row) is refused: 8 MiB of text is millions of tokens, beyond any model's context."""
 MIN_SPLIT = 10
 """Fewer prompts than this in a split: too few for a held-out check (a clear error, or ``--no-heldout``)."""
+FRESH = "fresh"
+"""The split of a prompts file's fresh pool (:meth:`PromptsFile.split`): validation rows the search
+never reads, for the fresh-drift check."""
+FRESH_ROWS = 12
+"""At most this many validation rows of a prompts file are kept from the search as its fresh pool
+(the ``--fresh-kl-examples`` default: what the check reads of open-QA, per dataset)."""
+FRESH_MIN = 4
+"""A fresh pool needs at least this many rows beyond the search's :data:`MIN_SPLIT`; a file with fewer
+validation rows keeps them all for the search and its study has no fresh-drift check (it says so)."""
 DEFAULT_METRIC = "qa_f1"
 HEADER_KEYS = frozenset({"metric", "max_new_tokens", "template", "stop", "rows"})
 LONG_PROMPTS = ("cut", "refuse")
@@ -118,12 +127,45 @@ class PromptsFile:
         """``gold`` when the rows carry answers, ``agreement`` when none does."""
         return "gold" if self.rows[0].answers else "agreement"
 
-    def split(self, split: Split, seed: int = 0) -> list[PromptRow]:
-        """The rows of ``split``: the same hashed validation/test split as every task (by id)."""
-        return split_records(self.rows, split, seed=seed)
+    def split(self, split: str, seed: int = 0) -> list[PromptRow]:
+        """The rows of ``split`` in file order: the same hashed validation/test split as every task (by
+        id), with the validation split's :func:`fresh_pool_size` rows of highest hash set apart as the
+        ``fresh`` split (:data:`FRESH`), which the search never reads."""
+        if split not in (*SPLITS, FRESH):
+            raise ValueError(f"split = {split!r}: must be one of {', '.join((*SPLITS, FRESH))}")
+        if split == "test":
+            return split_records(self.rows, "test", seed=seed)
+        validation = split_records(self.rows, "validation", seed=seed)
+        ranked = sorted(validation, key=lambda row: unit_hash(seed, row.id))
+        pool = {row.id for row in ranked[len(ranked) - fresh_pool_size(len(ranked)) :]}
+        return [row for row in validation if (row.id in pool) == (split == FRESH)]
 
     def split_sizes(self, seed: int = 0) -> dict[str, int]:
-        return {s: len(self.split(s, seed)) for s in SPLITS}  # type: ignore[arg-type]
+        """Rows of ``validation`` (the search's) and ``test``; the fresh pool's: :meth:`pool_size`."""
+        return {s: len(self.split(s, seed)) for s in SPLITS}
+
+    def pool_size(self, seed: int = 0) -> int:
+        """Rows of the fresh pool (the ``fresh`` split)."""
+        return len(self.split(FRESH, seed))
+
+    def fresh_note(self, seed: int = 0) -> str:
+        """Why the file has no fresh pool (empty where it has one)."""
+        if self.pool_size(seed):
+            return ""
+        validation = len(self.split("validation", seed))
+        return (
+            f"no fresh-drift check: {self.name}'s {validation} validation rows (of {len(self.rows)}) "
+            f"are all the search's; a fresh pool of at least {FRESH_MIN} rows the search never reads needs "
+            f"{MIN_SPLIT + FRESH_MIN} or more (add prompts)"
+        )
+
+
+def fresh_pool_size(validation: int) -> int:
+    """Rows of a validation split of ``validation`` rows kept from the search as the fresh pool: up to
+    :data:`FRESH_ROWS`, leaving the search at least :data:`MIN_SPLIT`, and none where fewer than
+    :data:`FRESH_MIN` would be left over."""
+    spare = validation - MIN_SPLIT
+    return min(FRESH_ROWS, spare) if spare >= FRESH_MIN else 0
 
 
 class _Refused(ValueError):

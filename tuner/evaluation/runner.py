@@ -118,7 +118,7 @@ def _task_records(
     longbench: dict[str, list[Record]] = {}
     prompts = PromptConfig.generic()
     if any(spec.source == "longbench" for spec in specs):
-        source = resolve_source(config.data_dir)
+        source = resolve_source(config.data_dir, config.task, config.language)
         longbench = source.load_task(config.task, config.language)
         prompts = source.prompt_config()
     openqa = resolve_openqa_source(config.openqa_dir) if any(s.source == "openqa" for s in specs) else None
@@ -251,7 +251,7 @@ def _describe(config: EvalSettings) -> str:
     specs = resolve_task(config.task, config.language)
     where = []
     if any(s.source == "longbench" for s in specs):
-        where.append(resolve_source(config.data_dir).describe())
+        where.append(resolve_source(config.data_dir, config.task, config.language).describe())
     if any(s.source == "openqa" for s in specs):
         where.append(resolve_openqa_source(config.openqa_dir).describe())
     return " and ".join(where)
@@ -262,9 +262,12 @@ def data_fingerprint(config: EvalSettings) -> str:
     a prompts file's with its long-prompt rule (it decides the examples' ids)."""
     if is_prompts_path(config.task):
         assert config.prompts_file is not None
-        return f"prompts-{config.prompts_file.fingerprint}-{config.long_prompts}"
+        # "pool": the validation split keeps a fresh pool from the search (since 2026-12-06)
+        return f"prompts-{config.prompts_file.fingerprint}-{config.long_prompts}-pool"
     names = [spec.name for spec in longbench_specs(config.task, config.language)]
-    parts = [resolve_source(config.data_dir).fingerprint(names)] if names else []
+    parts = (
+        [resolve_source(config.data_dir, config.task, config.language).fingerprint(names)] if names else []
+    )
     built = openqa_specs(config.task, config.language)
     if built:
         parts.append(resolve_openqa_source(config.openqa_dir).fingerprint(built))

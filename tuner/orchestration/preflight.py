@@ -52,7 +52,9 @@ def check_search(settings: SearchSettings) -> None:
             check_prompt_lengths(settings)
     # the model's context, when its config is on disk (else tuner.evaluation.runner.Evaluator checks the loaded one)
     check_context(settings.max_prompt_tokens, settings.max_new_tokens, _local_context(settings.model))
-    resolve_source(settings.data_dir).load_task(settings.task, settings.language)  # data present, readable
+    resolve_source(settings.data_dir, settings.task, settings.language).load_task(
+        settings.task, settings.language
+    )  # data present, readable
     check_task(settings.task, settings.language, settings.openqa_dir)  # open-QA sources readable
     fresh = settings.fresh_source().settings
     if fresh is not None:  # the fresh-drift check's prompts are readable too
@@ -131,6 +133,8 @@ def check_evaluate(settings: EvaluateSettings) -> Schedule | None:
     from tuner.data.sources import resolve_source
 
     schedule = load_schedule(settings.schedule) if settings.schedule else None
-    resolve_source(settings.data_dir).load_task(settings.task, settings.language)
+    resolve_source(settings.data_dir, settings.task, settings.language).load_task(
+        settings.task, settings.language
+    )
     check_task(settings.task, settings.language, settings.openqa_dir)
     return schedule

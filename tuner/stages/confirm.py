@@ -30,10 +30,11 @@ import optuna
 from optuna.trial import TrialState
 
 from lazyllm import LazyLLM
+from tuner.data.embedded import PACKAGED
 from tuner.data.longbench import OPENQA_DATASETS
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
 from tuner.evaluation.losses import ScoreLoss
-from tuner.evaluation.runner import loss_estimate, macro_score
+from tuner.evaluation.runner import build_examples, loss_estimate, macro_score
 from tuner.stages.front import feasible_front
 from tuner.stages.rule import (
     FreshKL,
@@ -342,7 +343,9 @@ def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callab
     search's are the calibration's validation examples it did not see, ``--fresh-kl-examples`` per
     dataset (their unpruned side was computed with the calibration): its front's KLs come from the
     few examples that ranked it, and a schedule chosen there drifted 2.2 times as much on the next
-    24 (docs/statistics.md). Any other search's are open-QA validation prompts from ``--openqa-dir``,
+    24 (docs/statistics.md). A prompts file's are its own fresh pool: validation rows the search never
+    read (:meth:`tuner.data.prompts.PromptsFile.split`), at most ``--fresh-kl-examples``. Any other
+    search's are open-QA validation prompts from ``--openqa-dir``, ``$OPENQA_DIR`` or the packaged pool,
     when it ranked its schedules on fewer examples than they hold."""
     settings = runner.settings
     per = settings.fresh_kl_examples
@@ -372,6 +375,23 @@ def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callab
             return FreshPrompts(fidelity_of(settings, evaluator, prefix_bytes=0), weights, text)
 
         return beyond_search
+    if source.kind == "file":
+        assert source.settings is not None  # FreshSource: "file" carries its settings
+        own: EvalSettings = source.settings
+        prompts = settings.prompts_file
+        assert prompts is not None  # FreshSource: "file" is a prompts file's
+        pool = prompts.pool_size(settings.split_seed)
+        validation = pool + prompts.split_sizes(settings.split_seed)["validation"]
+
+        def file_rows() -> FreshPrompts:
+            there = runner.on(own)
+            text = (
+                f"{prompts.name}'s own rows: {len(there.evaluator.examples)} of the {pool} validation rows "
+                f"of {validation} kept from the search, {tokens} tokens"
+            )
+            return FreshPrompts(there.fidelity, there.weights, text)
+
+        return file_rows
     searched = len(runner.evaluator.examples)
     if searched >= len(OPENQA_DATASETS) * per:
         return (
@@ -379,11 +399,17 @@ def fresh_prompts(runner: TrialRunner, calibration: FidelityEvaluator) -> Callab
         )
     assert source.settings is not None  # FreshSource: "open-qa" carries its settings
     other: EvalSettings = source.settings
+    try:  # its records build (a few seconds of tokenizing) before the rule may need them
+        if not build_examples(other, runner.tokenizer):
+            return f"not available: no open-QA validation question fits in {tokens} tokens"
+    except ValueError as exc:
+        return f"not available: {exc}"
 
     def open_qa() -> FreshPrompts:
         there = runner.on(other)
+        pool = "the packaged pool, " if other.openqa_dir == PACKAGED else ""
         return FreshPrompts(
-            there.fidelity, there.weights, f"open-QA validation ({per} per dataset, {tokens} tokens)"
+            there.fidelity, there.weights, f"open-QA validation ({pool}{per} per dataset, {tokens} tokens)"
         )
 
     return open_qa

@@ -10,8 +10,10 @@ The search defaults are budgeted to finish ``python -m tuner.search --task qa`` 
 about 15 minutes, everything included (SmolLM2, every QA validation example scored by teacher-forced
 fidelity, prompts cut to 1024 tokens, answers capped at 32 tokens, trials bounded by
 ``trials_timeout`` = 420 s (``n_trials`` = 100 is a ceiling that time reaches first on a CPU), then
-the confirmation stage and the held-out check). On a GPU the ``qa-gpu`` preset raises
-``max_prompt_tokens``, ``n_trials`` and ``confirm_k`` (``studies/qa-gpu.yaml``).
+the confirmation stage and the held-out check). On a GPU the ``qa-gpu`` preset reads LongBench's
+full QA sets from the hub, raises ``max_prompt_tokens`` to 3500, lifts ``trials_timeout``, bounds the
+search to 4 validation examples a dataset and calibrates on all of them (``studies/qa-gpu.yaml``;
+what that costs: :mod:`tuner.study.cost`).
 
 On the command line a setting that may be null takes ``none`` (``--n-examples none``: all examples,
 ``--trials-timeout none``: no limit), also over a preset that sets it. Renamed settings keep their old
@@ -37,10 +39,12 @@ import yaml
 from lazyllm.methods import check_method, needs_schedule, parse_method_options
 from lazyllm.models import DEFAULT_MODEL, DTYPES, parse_dtype
 from lazyllm.schedule import Revival
+from tuner.data.embedded import PACKAGED
 from tuner.data.longbench import LANGUAGE_FILTERS, SPLITS, is_prompts_path, resolve_task, task_help
 from tuner.data.prompts import (
     AGREEMENT_BUDGET,
     AGREEMENT_EXPONENT,
+    FRESH,
     GOLD_PER_AGREEMENT_POINT,
     LONG_PROMPTS,
     PromptsFile,
@@ -64,16 +68,17 @@ SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in 0..2**32-1
 HEARTBEAT_MAX_S = 3600  # an hour between heartbeats; the heartbeat thread's wait must stay a valid timeout
 GRACE_MAX_S = 7 * 24 * 3600  # a week without a heartbeat before a trial counts as crashed
 CONFIRM_K_DEFAULT = 6
-FRESH_KINDS = ("open-qa", "calibration", "none")
+FRESH_KINDS = ("open-qa", "file", "calibration", "none")
 
 
 @dataclass(frozen=True)
 class FreshSource:
     """Where the fresh-drift check's prompts come from (:meth:`SearchSettings.fresh_source`).
 
-    ``open-qa``: open-QA validation records described by ``settings``; ``calibration``: the
-    calibration's examples the search did not see (an open-QA search's own task;
-    :func:`tuner.stages.confirm.fresh_prompts`); ``none``: no check, for ``reason``.
+    ``open-qa``: open-QA validation records described by ``settings``; ``file``: a prompts file's
+    fresh pool (its ``fresh`` split, :meth:`tuner.data.prompts.PromptsFile.split`) described by
+    ``settings``; ``calibration``: the calibration's examples the search did not see (an open-QA
+    search's own task; :func:`tuner.stages.confirm.fresh_prompts`); ``none``: no check, for ``reason``.
     """
 
     kind: str
@@ -83,8 +88,10 @@ class FreshSource:
     def __post_init__(self) -> None:
         if self.kind not in FRESH_KINDS:
             raise ValueError(f"fresh source kind = {self.kind!r}: must be one of {', '.join(FRESH_KINDS)}")
-        if (self.settings is not None) != (self.kind == "open-qa"):
-            raise ValueError(f"fresh source {self.kind!r}: settings go with 'open-qa' and only with it")
+        if (self.settings is not None) != (self.kind in ("open-qa", "file")):
+            raise ValueError(
+                f"fresh source {self.kind!r}: settings go with 'open-qa' and 'file' and only with them"
+            )
         if bool(self.reason) != (self.kind == "none"):
             raise ValueError(f"fresh source {self.kind!r}: a reason goes with 'none' and only with it")
 
@@ -156,11 +163,18 @@ class EvalSettings:
     max_new_tokens: int | None = field(
         default=32, metadata=_help("cap on LongBench's per-dataset answer length (none = LongBench's own)")
     )
-    data_dir: str | None = field(default=None, metadata=_help("LongBench folder (default: $LONGBENCH_DIR)"))
+    data_dir: str | None = field(
+        default=None,
+        metadata=_help(
+            "LongBench folder, or 'packaged' or 'hub' (default: $LONGBENCH_DIR, else the records packaged "
+            "with the project where they hold the task, else the hub)"
+        ),
+    )
     openqa_dir: str | None = field(
         default=None,
         metadata=_help(
-            "folder of HotpotQA/SQuAD JSON for the openqa tasks (default: $OPENQA_DIR, else the hub)"
+            "folder of HotpotQA/SQuAD JSON, or 'packaged' or 'hub', for the openqa tasks (default: "
+            "$OPENQA_DIR, else the hub) and the fresh-drift check (default: $OPENQA_DIR, else the packaged pool)"
         ),
     )
     trust_remote_code: bool = field(
@@ -189,7 +203,7 @@ class EvalSettings:
             )
         if self.language not in LANGUAGE_FILTERS:
             raise ValueError(f"language = {self.language!r}: must be one of {', '.join(LANGUAGE_FILTERS)}")
-        if self.split not in SPLITS:
+        if self.split not in SPLITS and not (self.split == FRESH and is_prompts_path(self.task)):
             raise ValueError(f"split = {self.split!r}: must be one of {', '.join(SPLITS)}")
         if (
             isinstance(self.task, str)
@@ -408,8 +422,9 @@ class SearchSettings(EvalSettings):
     fresh_kl_examples: int = field(
         default=12,
         metadata=_help(
-            "open-QA validation prompts per dataset on which a fidelity study whose search saw fewer re-measures "
-            "the KL of its front before picking (read from --openqa-dir or $OPENQA_DIR; 0 = off)"
+            "prompts per dataset the search never saw on which a fidelity study re-measures the KL of its "
+            "front before picking: a prompts file's own fresh rows, else open-QA validation prompts "
+            "(--openqa-dir, $OPENQA_DIR, else the packaged pool; checked where the search saw fewer); 0 = off"
         ),
     )
     heldout: bool = field(default=True, metadata=_help("check the recommendation on the test split"))
@@ -575,19 +590,27 @@ class SearchSettings(EvalSettings):
         return None if self.cap is None else self.cap.prior
 
     def fresh_source(self) -> FreshSource:
-        """The prompts of the fresh-drift check (:func:`tuner.stages.rule.pooled_rule`, step 5): open-QA
-        validation records at this study's prompt length, ``fresh_kl_examples`` per dataset; the
-        calibration's examples beyond the search's where the search's own task is open-QA; or why
-        there are none (off, or no local open-QA folder: the check never reaches for the hub unasked)."""
+        """The prompts of the fresh-drift check (:func:`tuner.stages.rule.pooled_rule`, step 5): a
+        prompts file's own fresh pool (validation rows the search never reads, at most
+        ``fresh_kl_examples``); the calibration's examples beyond the search's where the search's own
+        task is open-QA; else open-QA validation records at this study's prompt length,
+        ``fresh_kl_examples`` per dataset, from ``--openqa-dir``, ``$OPENQA_DIR``, or the pool packaged
+        with the project (never the hub unasked); or why there are none."""
         if self.fresh_kl_examples == 0:
             return FreshSource("none", reason="off (--fresh-kl-examples 0)")
+        prompts = self.prompts_file
+        if prompts is not None:
+            note = prompts.fresh_note(self.split_seed)
+            if note:
+                return FreshSource("none", reason=note)
+            settings = dataclasses.replace(self.eval_only(), split=FRESH, n_examples=self.fresh_kl_examples)
+            return FreshSource("file", settings=settings)
         if any(spec.source == "openqa" for spec in resolve_task(self.task, self.language)):
             return FreshSource("calibration")
-        if not (self.openqa_dir or os.environ.get("OPENQA_DIR")):
-            return FreshSource("none", reason="no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR")
         settings = dataclasses.replace(
             self.eval_only(), task="openqa", language="en", split="validation",
             n_examples=self.fresh_kl_examples,
+            openqa_dir=self.openqa_dir or os.environ.get("OPENQA_DIR") or PACKAGED,
         )  # fmt: skip
         return FreshSource("open-qa", settings=settings)
 

@@ -91,7 +91,7 @@ def test_unreachable_hub_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "LONGBENCH_DIR"}
     env.update(HF_HUB_OFFLINE="1", LAZYLLM_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "tuner.evaluate", "--methods", "baseline", "--task", "hotpotqa"],
+        [sys.executable, "-m", "tuner.evaluate", "--methods", "baseline", "--task", "hotpotqa", "--data-dir", "hub"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2

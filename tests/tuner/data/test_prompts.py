@@ -365,3 +365,56 @@ def test_a_keep_all_recommendation_gets_the_power_line_of_the_next_faster_schedu
         "Power: your 13 validation examples bound the next faster schedule (trial 1, 1.40x) at 2.50 score "
         f"points (60%), over the 2 asked; about {need} would certify it within 2"
     )
+
+
+def test_a_prompts_file_keeps_a_fresh_pool_from_the_search(tmp_path: Path) -> None:
+    """The validation split's rows of highest hash, up to FRESH_ROWS, are the ``fresh`` split: disjoint
+    from the search's validation rows and from test, and never more than leaves the search MIN_SPLIT."""
+    from tuner.data.prompts import FRESH, FRESH_MIN, FRESH_ROWS, fresh_pool_size
+
+    assert [fresh_pool_size(n) for n in (0, 10, 13, 14, 20, 22, 40)] == [0, 0, 0, 4, 10, 12, 12]
+    assert FRESH_MIN == 4 and FRESH_ROWS == 12
+    big = load_prompts_file(_file(tmp_path / "big.jsonl", 200, answers=False))
+    parts = {s: {r.id for r in big.split(s)} for s in ("validation", FRESH, "test")}
+    assert len(parts[FRESH]) == FRESH_ROWS and big.pool_size() == FRESH_ROWS
+    assert set().union(*parts.values()) == {r.id for r in big.rows} and sum(map(len, parts.values())) == 200
+    assert big.fresh_note() == "" and big.split("validation") != big.split("validation", seed=1)
+    small = load_prompts_file(_file(tmp_path / "small.jsonl", 12, answers=True))
+    assert small.pool_size() == 0 and not small.split(FRESH)
+    note = small.fresh_note()
+    n = len(small.split("validation"))
+    assert note == (
+        f"no fresh-drift check: small.jsonl's {n} validation rows (of 12) are all the search's; a fresh "
+        f"pool of at least {FRESH_MIN} rows the search never reads needs {MIN_SPLIT + FRESH_MIN} or more (add prompts)"
+    )
+    from tuner.study.settings import SearchSettings
+
+    source = SearchSettings(task=str(tmp_path / "big.jsonl")).fresh_source()
+    assert source.kind == "file" and source.settings is not None
+    assert (source.settings.split, source.settings.n_examples) == (FRESH, 12)
+    assert SearchSettings(task=str(tmp_path / "small.jsonl")).fresh_source().reason == note
+
+
+def test_a_study_on_a_prompts_file_checks_fresh_drift_on_its_own_rows(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--task FILE`` and no open-QA flag: the fresh-drift check reads rows of the file the search
+    never saw, and the confirmation and the decision paragraph say which and how many."""
+    task = _file(tmp_path / "mine.jsonl", 80, answers=True)
+    prompts = load_prompts_file(task)
+    argv = _study_argv(tiny_folder, tmp_path / "runs", task, "--max-accuracy-loss", "100")
+    argv[argv.index("--fresh-kl-examples") + 1] = "12"
+    assert search(argv) == 0
+    study = tmp_path / "runs" / "s"
+    fresh = json.loads((study / "confirmation.json").read_text())["fresh"]
+    pool = prompts.pool_size()
+    validation = pool + prompts.split_sizes()["validation"]
+    assert fresh["prompts"] == (
+        f"mine.jsonl's own rows: {pool} of the {pool} validation rows of {validation} kept from the search, 96 tokens"
+    ), fresh
+    assert fresh["n_examples"] == pool > 0 and fresh["kl"]
+    paragraph = json.loads((study / "recommended.json").read_text())["metadata"]["decision"]
+    assert (
+        f"re-measured its front's KL on {pool} prompts the search never saw (mine.jsonl's own rows"
+        in paragraph
+    )

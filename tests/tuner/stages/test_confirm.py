@@ -293,17 +293,12 @@ def test_an_underpowered_study_rechecks_its_front_on_fresh_open_qa_prompts(
     assert fresh["upper"] == [[best.number, pytest.approx(bound, rel=1e-6)]]
     paragraph = Schedule.load(d / "recommended.json").metadata["decision"]
     assert "re-measured its front's KL on 6 prompts the search never saw" in paragraph
-    # without a local open-QA folder the check cannot run, and the paragraph says how to give one
+    # without a local open-QA folder the check reads the pool packaged with the project
     other = tmp_path / "other"
     assert main([*argv[: argv.index("--openqa-dir")], "--output", str(other)]) == 0
     kept = json.loads((other / "c" / "confirmation.json").read_text())["fresh"]
-    assert kept == {
-        "prompts": "no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR",
-        "n_examples": 0,
-        "kl": [],
-        "stopped": [],
-        "upper": [],
-    }
+    assert kept["prompts"] == "open-QA validation (the packaged pool, 12 per dataset, 300 tokens)"
+    assert kept["n_examples"] == 24 and kept["kl"]  # --fresh-kl-examples went with --openqa-dir
     # a search on as many examples as the check would hold gains nothing from it
     few = tmp_path / "few"
     assert main([*argv[:-1], "2", "--output", str(few)]) == 0

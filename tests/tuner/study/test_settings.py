@@ -188,7 +188,8 @@ def test_help_never_shows_a_default_twice(module: str, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         importlib.import_module(module).main(["--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines; compare words
-    assert "(default: $LONGBENCH_DIR)" in text and "(default: 1024)" in text
+    assert "(default: $LONGBENCH_DIR, else the records packaged with the project" in text
+    assert "(default: 1024)" in text
     assert re.findall(r"\(default[^()]*\)\s*\(default[^()]*\)", text) == []
 
 
@@ -212,13 +213,13 @@ def test_the_fresh_drift_check_reads_local_open_qa_prompts_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its prompts: open-QA validation at the study's length, ``fresh_kl_examples`` per dataset, from
-    --openqa-dir or $OPENQA_DIR (never the hub unasked); or why there are none."""
+    --openqa-dir, $OPENQA_DIR or the packaged pool (never the hub unasked); or why there are none."""
     from tuner.study.settings import SearchSettings
 
     monkeypatch.delenv("OPENQA_DIR", raising=False)
-    assert SearchSettings().fresh_source() == FreshSource(
-        "none", reason="no open-QA folder: pass --openqa-dir DIR or set OPENQA_DIR"
-    )
+    packaged = SearchSettings().fresh_source()
+    assert packaged.kind == "open-qa" and packaged.settings is not None
+    assert (packaged.settings.openqa_dir, packaged.settings.n_examples) == ("packaged", 12)
     source = SearchSettings(openqa_dir=str(tmp_path), max_prompt_tokens=700, split_seed=3).fresh_source()
     got = source.settings
     assert source.kind == "open-qa" and got is not None
@@ -233,8 +234,9 @@ def test_the_fresh_drift_check_reads_local_open_qa_prompts_only(
         ("none", {}, "a reason goes with 'none'"),
         ("calibration", {"reason": "x"}, "a reason goes with 'none' and only with it"),
         ("open-qa", {}, "settings go with 'open-qa'"),
-        ("calibration", {"settings": got}, "settings go with 'open-qa' and only with it"),
-        ("hub", {}, "must be one of open-qa, calibration, none"),
+        ("file", {}, "settings go with 'open-qa' and 'file'"),
+        ("calibration", {"settings": got}, "settings go with 'open-qa' and 'file' and only with them"),
+        ("hub", {}, "must be one of open-qa, file, calibration, none"),
     ):
         with pytest.raises(ValueError, match=re.escape(message)):
             FreshSource(kind, **extra)
