@@ -51,6 +51,7 @@ from tuner.study.storage import (
 )
 from tuner.study.workers import DUPLICATE_ATTR, run_trials, worker_device, worker_threads
 from tuner.tracking.runs import Tracker, default_tracking_uri, wanted
+from tuner.tracking.ui import ui_lines
 
 
 class Progress:
@@ -239,6 +240,8 @@ def _run_session(settings: SearchSettings, session: Session) -> int:
         print(f"load it ({state}): Schedule.load({str(settings.study_dir / 'recommended.json')!r})")
     else:
         print("no schedule is recommended (none was confirmed within the budget): recommended.json is absent")
+    if tracker is not None:  # last: how to open the runs (docs/mlflow.md#the-ui)
+        print("\n".join(ui_lines(session.tracking_uri, tracker.experiment_id)))
     return 0
 
 

@@ -4,13 +4,20 @@ Runs a finished tiny study with the default stores, starts the README's own ``ml
 (read from docs/mlflow.md; only the study folder and the port are substituted) on 127.0.0.1, and checks
 through the REST API what the README promises: experiment ``lazyllm-tuner``, a parent run named after
 the study that is FINISHED, children ``trial-<n>`` nested under it with the metrics the README names,
-the parent's and the trials' artifacts, and the runs-table URL serving the UI.
+the parent's and the trials' artifacts, and the runs-table URL serving the UI. Then loads the URL the
+study printed last in a fresh headless Chromium (Debian's ``chromium``) and reads the runs table off
+the rendered page: the parent run by name, no GenAI overview.
 """
 
 from __future__ import annotations
 
+import contextlib
+import html
+import io
 import json
+import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,13 +89,45 @@ def _files(base: str, run_id: str) -> set[str]:
     return {f["path"] for f in _get(base, "/api/2.0/mlflow/artifacts/list", run_id=run_id).get("files", [])}
 
 
-def test_readme_ui_shows_what_it_promises(tiny_folder: Path, tmp_path: Path) -> None:
+def page_text(url: str, profile: Path) -> str:
+    """The text of ``url`` as a fresh headless Chromium renders it (scripts run, the DOM dumped), or a
+    skip where Chromium is absent outside CI (in CI, CI=true, a failure)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium not found: CI installs Debian's chromium (.ci/run)")
+        pytest.skip("chromium not installed (apt-get install chromium): the page is not checked in a browser")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+             "--virtual-time-budget=30000", "--dump-dom"]  # fmt: skip
+    done = subprocess.run([chromium, *flags, url], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    body = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", done.stdout, flags=re.S)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", body)))
+
+
+def test_readme_ui_shows_what_it_promises(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     argv = [
         "--model", str(tiny_folder), "--task", "hotpotqa,trec", "--n-examples", "1", "--max-prompt-tokens", "128",
-        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(tmp_path / "runs"),
+        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", "runs",
         "--study-name", "ui-study", "--sampler", "random", "--n-trials", "2", "--no-heldout",
     ]  # fmt: skip
-    assert main(argv) == 0
+    monkeypatch.chdir(tmp_path)  # the printed command is relative to the working folder, as a user runs it
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(argv) == 0
+    last = printed.getvalue().strip().splitlines()[-3:]  # the study's last lines say how to open the UI
+    command = (
+        next(line for line in last if line.startswith("MLflow UI: ")).removeprefix("MLflow UI: ").split()
+    )
+    shown = re.search(
+        r"http://127\.0\.0\.1:5000/#/experiments/(\w+)\?workflowType=machine_learning", "\n".join(last)
+    )
+    assert shown, last
+    assert command[1:] == ["ui", "--backend-store-uri", "sqlite:///runs/ui-study/mlflow.db", "--host", "127.0.0.1",
+                           "--port", "5000"]  # fmt: skip
 
     port = free_port()
     cmd = readme_ui_command()
@@ -130,11 +169,15 @@ def test_readme_ui_shows_what_it_promises(tiny_folder: Path, tmp_path: Path) -> 
 
         # the README's runs-table URL: the UI page itself (the part after '#' is read by the browser)
         url = readme_runs_table_url().replace("127.0.0.1:5000", f"127.0.0.1:{port}")
-        assert (
-            f"/#/experiments/{exp_id}/runs" in url
-        )  # the README's experiment id is the one a new store gets
+        assert url.endswith(f"/#/experiments/{exp_id}?workflowType=machine_learning")  # a new store's id
         with urllib.request.urlopen(url.split("#", 1)[0], timeout=30) as resp:
             assert resp.status == 200 and b"<html" in resp.read(2000).lower()
+
+        # the URL the study printed, in a real browser: the runs table with the study's parent run
+        assert shown[1] == exp_id
+        text = page_text(shown[0].replace("127.0.0.1:5000", f"127.0.0.1:{port}"), tmp_path / "chromium")
+        assert "Run Name" in text and "ui-study" in text and "3 matching runs" in text, text[:2000]
+        assert "Traces 0" not in text and "No data available" not in text  # not the GenAI overview
     finally:
         stop_process_group(proc)
         log.close()
@@ -143,3 +186,18 @@ def test_readme_ui_shows_what_it_promises(tiny_folder: Path, tmp_path: Path) -> 
 @pytest.mark.parametrize("metric", sorted(README_METRICS))
 def test_readme_names_the_metrics(metric: str) -> None:
     assert f"`{metric}`" in README.read_text()
+
+
+def test_docs_show_what_a_study_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/mlflow.md's command and URL are :func:`tuner.tracking.ui.ui_lines` for the README's study."""
+    from tuner.tracking.ui import ui_lines
+
+    root = README.parents[1]
+    monkeypatch.chdir(root)
+    study = f"sqlite:///{root / README_STUDY / 'mlflow.db'}"
+    command, url = ui_lines(study, "1")
+    assert command == "MLflow UI: " + " ".join(readme_ui_command())
+    assert url.endswith(readme_runs_table_url())
+    assert ui_lines("http://user:secret@host:5000/", "7") == [
+        "MLflow UI, the runs table: http://***@host:5000/#/experiments/7?workflowType=machine_learning"
+    ]
