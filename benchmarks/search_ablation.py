@@ -12,7 +12,7 @@ time budget and stages; only what is queued before the sampler differs):
   warm start (the study's ``warm_started`` mark is set, so ``tuner.search`` queues none);
 * ``both``: the study as shipped (the reference, the warm starts, then the sampler).
 
-Studies: ``longbench`` (README command 1: ``--task qa`` at the defaults) and ``openqa`` (the open-QA
+Studies: ``longbench`` (the CPU quickstart: ``--task qa`` at the defaults) and ``openqa`` (the open-QA
 preset, ``--preset openqa``). Each run appends one JSON row to ``OUT/rows.jsonl`` once it has
 finished (a rerun skips the (study, arm, seed) rows already there, so an interrupted ablation
 resumes and nothing is duplicated): the pick (trial, schedule, FLOP speedup, validation KL), the
@@ -57,7 +57,7 @@ of mean KL."""
 
 
 def study_argv(study: str, seed: int, data_dir: str, openqa_dir: str, output: Path) -> list[str]:
-    """The ``tuner.search`` flags of ``study`` (README command 1, or the open-QA preset) for ``seed``."""
+    """The ``tuner.search`` flags of ``study`` (the CPU quickstart, or the open-QA preset) for ``seed``."""
     if study == "longbench":
         base = ["--task", "qa", "--data-dir", data_dir, "--openqa-dir", openqa_dir]
     elif study == "openqa":

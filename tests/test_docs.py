@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import io
 import re
@@ -218,3 +219,131 @@ def test_the_command_checker_finds_calls_and_refuses_bad_flags() -> None:
     assert "one of the arguments --prompt-file --prompt is required" in str(
         parse_error("lazyllm.generate", [])
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# numbers: every README measurement traced to its file, every quoted default the code's
+RESULTS = ROOT / "docs" / "results.md"
+TRACE_HEADING = "## Where each README number comes from"
+DECIMAL = re.compile(r"(?:(?<![\d.])-)?\d+\.\d+")  # a minus sign, not a range's dash
+
+
+def _table_after(text: str, heading: str) -> list[list[str]]:
+    """The rows (cells, ``\\|`` unescaped) of the first table after ``heading``."""
+    lines = text[text.index(heading) :].splitlines()[1:]
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+        rows.append([c.strip().replace("\\|", "|") for c in cells])
+    return rows
+
+
+def traced() -> list[tuple[str, str, str]]:
+    """docs/results.md's (claim, file under benchmarks/data/, value) rows."""
+    return [(claim, file, value) for claim, file, value in _table_after(RESULTS.read_text(), TRACE_HEADING)]
+
+
+@pytest.mark.parametrize(("claim", "file", "value"), traced(), ids=[row[0][:60] for row in traced()])
+def test_every_traced_number_is_in_its_file(claim: str, file: str, value: str) -> None:
+    path = ROOT / "benchmarks" / "data" / file
+    assert path.is_file(), f"{claim}: {path} does not exist"
+    text = path.read_text(encoding="utf-8")
+    for part in value.split(" ... "):
+        assert part in text, f"{claim}: {part!r} is not in {file}"
+
+
+def _readme_measurements() -> list[str]:
+    """The decimals of the README's opening paragraph and of its results table."""
+    readme = (ROOT / "README.md").read_text()
+    opening = readme.split("\n\n")[1]
+    table = [cell for row in _table_after(readme, "## Results") for cell in row]
+    return DECIMAL.findall(opening) + [d for cell in table for d in DECIMAL.findall(cell)]
+
+
+def test_every_readme_measurement_is_traced() -> None:
+    values = " ".join(f"{claim} {value}" for claim, _, value in traced())
+    numbers = _readme_measurements()
+    assert len(numbers) > 20
+    missing = sorted({n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", values)})
+    assert not missing, (
+        f"README numbers with no file in docs/results.md#{slugify(TRACE_HEADING[3:])}: {missing}"
+    )
+
+
+def test_no_doc_names_commands_by_number() -> None:
+    """The README no longer numbers its commands; the docs name them ("the CPU quickstart")."""
+    assert not [p.name for p in PAGES if "README command" in p.read_text()]
+
+
+def _literal(text: str) -> str | None:
+    """The leading literal of a default as the docs write it (`` `tpe` ``, ``2.0 score points``,
+    ``420 s``), or None where it is prose (``every validation example``)."""
+    found = re.match(r"`?([-\w.]+)`?(?:\s|$|\s*\()", text.strip() + " ")
+    if found is None or not re.fullmatch(r"-?[\d.]+|[a-z][\w.-]*", found[1]):
+        return None
+    word = found[1]
+    return None if word in {"every", "from", "the", "a", "an", "any"} else word
+
+
+def _same(literal: str, default: object) -> bool:
+    if default is None:
+        return literal == "none"
+    if isinstance(default, bool):
+        return literal == str(default).lower()
+    if isinstance(default, (int, float)):
+        try:
+            return float(literal) == float(default)
+        except ValueError:
+            return False
+    return literal == str(default)
+
+
+def quoted_defaults() -> list[tuple[str, str, str]]:
+    """(page, flag, the default it quotes): the settings table of docs/tuning.md (``| `--a` / `--b` |
+    x / y |``) and every "`--flag` (default X)" of the docs."""
+    from tuner.study.settings import SearchSettings
+
+    flags = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(SearchSettings)}
+    found: list[tuple[str, str, str]] = []
+    tuning = (ROOT / "docs" / "tuning.md").read_text()
+    for row in _table_after(tuning, "and `--help` lists each with its default."):
+        names = re.findall(r"`(--[a-z-]+)`", row[0])
+        parts = [p for p in row[1].split(" / ")] if len(names) > 1 else [row[1]]
+        for name, part in zip(names, parts):
+            literal = _literal(part)
+            if name in flags and literal is not None:
+                found.append(("tuning.md", name, literal))
+    for page in PAGES:
+        for name, value in re.findall(
+            r"`(--[a-z-]+)`[^`|.;]{0,60}\(default:? `?([-\w.]+)`?", page.read_text()
+        ):
+            if name in flags:
+                found.append((page.name, name, value))
+    return found
+
+
+@pytest.mark.parametrize(("page", "flag", "quoted"), quoted_defaults(), ids=lambda x: str(x))
+def test_every_quoted_default_is_the_codes(page: str, flag: str, quoted: str) -> None:
+    from tuner.study.settings import SearchSettings
+
+    default = getattr(SearchSettings(), flag[2:].replace("-", "_"))
+    assert _same(quoted, default), f"{page} quotes {flag} default {quoted!r}; the code's is {default!r}"
+
+
+def test_the_search_cap_quoted_is_the_one_a_default_study_runs() -> None:
+    """docs/tuning.md's ``--max-kl`` row quotes the cap SmolLM2's default study searches under."""
+    from tuner.study.settings import SearchSettings
+
+    row = next(
+        r
+        for r in _table_after(
+            (ROOT / "docs" / "tuning.md").read_text(), "and `--help` lists each with its default."
+        )
+        if "`--max-kl`" in r[0]
+    )
+    quoted = re.search(r"\((\d\.\d+) nats for SmolLM2 at 1024 tokens and 2 points", row[1])
+    assert quoted, row[1]
+    assert float(quoted[1]) == round(float(SearchSettings().search_cap or 0), len(quoted[1]) - 2)
