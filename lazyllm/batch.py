@@ -505,6 +505,39 @@ class FrozenDecoder:
         self.valid = [v.index_select(0, at) for v in self.valid]
         self.next_pos = self.next_pos.index_select(0, at)
 
+    def compact(self) -> None:
+        """Move every row's valid slots to the front of each layer's buffers, in their order, and drop
+        the rest (slots of rows that left, and the steps before a row joined, which it never wrote):
+        in a batch that rows keep joining, the shared next slot otherwise grows with every step since
+        the batch formed, and so would the attention's width. Slot order does not matter (positions
+        travel with the keys); each row keeps exactly its keys."""
+        for li in range(len(self.layers)):
+            used = self.slot[li]
+            ok = self.valid[li][:, :used]  # [B, used]
+            longest = int(ok.sum(dim=1).max())
+            if longest == used:
+                continue
+            order = torch.sort((~ok).to(torch.int8), dim=1, stable=True).indices[:, :longest]  # valid first
+            k, v = self.keys[li], self.values[li]
+            take = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            width = longest + self.room
+            keys, values = (
+                k.new_zeros(*k.shape[:2], width, k.shape[3]),
+                v.new_zeros(*v.shape[:2], width, v.shape[3]),
+            )
+            keys[:, :, :longest], values[:, :, :longest] = k.gather(2, take), v.gather(2, take)
+            positions = self.positions[li].new_zeros(k.shape[0], width)
+            valid = ok.new_zeros(k.shape[0], width)
+            positions[:, :longest] = self.positions[li].gather(1, order)
+            valid[:, :longest] = ok.gather(1, order)
+            self.keys[li], self.values[li], self.positions[li], self.valid[li] = (
+                keys,
+                values,
+                positions,
+                valid,
+            )
+            self.slot[li] = longest
+
     def extend(self, prefills: Sequence[RowPrefill]) -> None:
         """Rows join the batch after the current ones (continuous batching): each row's prefill is
         stacked in slots ``0..m_b-1`` and its first decoding step writes the layer's shared next slot,
@@ -569,6 +602,9 @@ class RunningBatch:
     Args:
         on_token: ``on_token(key, token_id)`` for each new token; False cancels that request.
     """
+
+    COMPACT_EVERY = 64
+    """Decoding steps between two :meth:`FrozenDecoder.compact` calls (each costs one host read per layer)."""
 
     def __init__(self, on_token: OnToken | None = None) -> None:
         self.on_token = on_token
@@ -650,6 +686,8 @@ class RunningBatch:
         if self.decoder is None or not self.rows:
             return []
         device = self.decoder.device
+        if self.decoder.steps and self.decoder.steps % self.COMPACT_EVERY == 0:
+            self.decoder.compact()
         logits = self.decoder.step(torch.tensor([r.tokens[-1] for r in self.rows], device=device))
         finite = torch.isfinite(logits).all(dim=-1).tolist()
         greedy = logits.argmax(dim=-1).tolist()

@@ -242,8 +242,13 @@ def _run(
     return ended
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: sliding layers, rotary per layer type
-def test_requests_that_join_a_running_batch_get_what_they_get_alone(arch: str) -> None:
+@pytest.mark.parametrize(("arch", "compact_every"), [("llama", 64), ("gemma3", 64), ("llama", 1)])
+def test_requests_that_join_a_running_batch_get_what_they_get_alone(
+    arch: str, compact_every: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gemma3: sliding layers, rotary per layer type; compact_every 1: the buffers re-packed at every
+    step (rows' valid slots moved to the front) change nothing either."""
+    monkeypatch.setattr(RunningBatch, "COMPACT_EVERY", compact_every)
     model = make_tiny(arch)
     keep_all, frozen, early = (LazyLLM(model, s) for s in _schedules(model))
     # (engine, prompt length, max new tokens, seed: None greedy); the 40-token prompt joins late and
