@@ -31,6 +31,19 @@ def _sigint_handler_restored() -> Any:
     signal.signal(signal.SIGINT, before)
 
 
+@pytest.fixture
+def one_thread() -> Any:
+    """One torch thread for the test, the process's count restored after it (a benchmark's ``--threads``
+    sets it for the whole process). For tests that check what a tiny model's code writes, not its
+    speed: on a shared CPU, two threads of a tiny model's kernels spend their time waiting for each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(params=ARCHS)
 def tiny(request: pytest.FixtureRequest) -> Any:
     return make_tiny(request.param)
