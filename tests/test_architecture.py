@@ -105,7 +105,9 @@ def test_no_circle_not_even_for_types(package: str) -> None:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_module_has_its_line_in_the_file_map(package: str) -> None:
     text = DOC.read_text()
-    missing = [str(p.relative_to(ROOT)) for p in modules(package).values() if f"`{p.relative_to(ROOT)}`" not in text]
+    missing = [
+        str(p.relative_to(ROOT)) for p in modules(package).values() if f"`{p.relative_to(ROOT)}`" not in text
+    ]
     assert not missing, f"docs/architecture.md's file map lacks: {missing}"
 
 

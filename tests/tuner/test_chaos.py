@@ -123,7 +123,9 @@ def test_seeded_signals_at_random_moments_then_rerun(tiny_folder: Path, tmp_path
         try:
             deadline = time.monotonic() + MOMENT_WAIT_S
             while proc.poll() is None and not _reached(log.read_text(errors="replace"), moment):
-                assert time.monotonic() < deadline, f"run {i} reached neither {moment!r} nor its end in {MOMENT_WAIT_S} s"
+                assert time.monotonic() < deadline, (
+                    f"run {i} reached neither {moment!r} nor its end in {MOMENT_WAIT_S} s"
+                )
                 time.sleep(0.05)
             time.sleep(delay)
             if proc.poll() is None:

@@ -15,8 +15,8 @@ import pytest
 
 from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
-from tuner.search import main
 from tuner.orchestration import session as session_module
+from tuner.search import main
 
 
 def _argv(folder: Path, out: Path, *extra: str) -> list[str]:
