@@ -36,8 +36,9 @@ from tuner.stages.decision import TrialTiming, decide, recommendation_certainty
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.outcome import StudyOutcome
+from tuner.stages.pilot import PilotResult, run_pilot, wants_pilot
 from tuner.stages.target import at_target
-from tuner.stages.trial import TrialRunner
+from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import load_space
@@ -125,6 +126,7 @@ class Session:
     runner: TrialRunner
     tracking_uri: str
     storage: optuna.storages.RDBStorage
+    pilot: PilotResult | None = None  # what set the cap of a model with no prior (tuner.stages.pilot)
 
     def close(self) -> None:
         """Return the storage's database connections now, not at garbage collection: a PostgreSQL
@@ -144,7 +146,6 @@ class Session:
 def open_session(settings: SearchSettings, *, device: str | None = None, progress: bool = True) -> Session:
     """Load the model, open (or create) the study and its tracking, compute or read the baseline."""
     space = load_space(settings.search_space)
-    budget = Budget.from_settings(settings)  # the one conversion of the user's budget
     tracking_uri = settings.tracking_uri or default_tracking_uri(settings)
     model, tokenizer = load_model(
         settings.model, device=device, dtype=settings.dtype, trust_remote_code=settings.trust_remote_code
@@ -153,6 +154,13 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
     evaluator = Evaluator(  # a multi-fidelity search's trials run on its shorter prompts
         model, tokenizer, settings.search_eval(), settings.study_dir / "cache", progress=progress
     )
+    pilot, fidelity = None, None
+    if wants_pilot(settings):  # no --max-kl, no prior: measure the cap on this model before the study
+        fidelity = fidelity_of(settings, evaluator)
+        pilot = run_pilot(settings, model, tokenizer, fidelity)
+        if pilot.cap is not None:
+            settings = settings.with_cap(pilot.cap)
+    budget = Budget.from_settings(settings)  # the one conversion of the user's budget
     storage: optuna.storages.RDBStorage | None = None
     try:
         with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
@@ -166,13 +174,15 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
                 tracker = Tracker(tracking_uri, settings, study, budget)
             warm_start(study, space, layers)
         # the baseline (and a fidelity search's reference) computed once, then read from the cache
-        runner = TrialRunner.build(settings, model, tokenizer, evaluator, space, budget)
+        runner = TrialRunner.build(settings, model, tokenizer, evaluator, space, budget, fidelity)
     except BaseException:
         if storage is not None:
             storage.engine.dispose()
         raise
     runner.prepare()  # the fidelity reference now, so the first trial's time (and estimate) is its own
-    return Session(settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri, storage)
+    return Session(
+        settings, model, tokenizer, study, tracker, evaluator, runner, tracking_uri, storage, pilot
+    )
 
 
 def run_worker(settings: SearchSettings, worker_id: int) -> str:
@@ -221,10 +231,12 @@ def _run_session(settings: SearchSettings, session: Session) -> int:
         f"storage {redact_url(settings.storage_url)}, {finished_trials(study)}/{settings.n_trials} trials finished, "
         f"{settings.n_workers} worker(s)"
     )
+    if session.pilot is not None:
+        print(session.pilot.text())
     if session.runner.budget.cap is not None:
         print(f"search cap: {session.runner.budget.cap.text()}")
     if settings.n_workers > 1 and finished_trials(study) < settings.n_trials:
-        _run_local_workers(settings)
+        _run_local_workers(session.settings)  # with the cap a pilot measured, not measured again
     stopped = session.run_trials()  # done, timeout or exhausted
     outcome = conclude(session)
     files = write_outcome(outcome, settings.study_dir)  # every file once, from the outcome
@@ -262,6 +274,8 @@ def conclude(session: Session) -> StudyOutcome:
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
     if target is not None:
         outcome = dataclasses.replace(outcome, notes=(*outcome.notes, target.note()))
+    if session.pilot is not None:  # the report says what set the cap, and on what
+        outcome = dataclasses.replace(outcome, notes=(*outcome.notes, session.pilot.text()))
     timing = TrialTiming.of(study, settings.n_trials, settings.trials_timeout)
     decision = decide(outcome, timing)
     outcome = dataclasses.replace(outcome, decision=explain(outcome, decision))

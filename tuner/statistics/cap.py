@@ -1,14 +1,16 @@
-"""The fidelity cap of a search (from the model's calibration where one is known, else a constant),
-and its speed floor (:data:`MIN_SPEEDUP`).
+"""The fidelity cap of a search (from the model's calibration where one is known, else from a pilot
+on the study's own model, else a constant), and its speed floor (:data:`MIN_SPEEDUP`).
 
 A fidelity search caps the one-sided upper bound of each trial's mean KL per answer token (nats); the
 cap is the constraint the study hands Optuna (``trial.set_constraint``), so a trial over it tells the
 sampler where schedules cannot be picked. The user's budget is in task-score points; the packaged
 slope prior of the model (:mod:`tuner.statistics.prior`: task-score points per nat, fitted on a large
-recorded grid at the study's prompt length and calibration shape) converts it. Without a prior the
-cap is :data:`KL_PER_POINT` nats per point, a constant from before the priors existed; ``--max-kl``
-overrides both. :class:`SearchCap` says which set it; the study's identity, its report and its MLflow
-parameters carry that.
+recorded grid at the study's prompt length and calibration shape) converts it. Without a prior a
+short pilot measures the slope on the study's own examples (:mod:`tuner.stages.pilot`, then
+:func:`pilot_cap`); where that measures no cost of KL the cap is :data:`KL_PER_POINT` nats per point,
+a constant from before the priors existed, the last resort; ``--max-kl`` overrides all of them.
+:class:`SearchCap` says which set it; the study's identity, its report and its MLflow parameters
+carry that.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ in: a sampler's proposal the FLOP model puts below it is stopped before it runs 
 1.17-1.31x (docs/tuning.md#the-speed-floor). Queued schedules (the reference, the warm starts) are
 never stopped by it."""
 
-CAP_SOURCES = ("max_kl", "prior", "constant", "agreement")
+CAP_SOURCES = ("max_kl", "prior", "pilot", "constant", "agreement")
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class SearchCap:
     Attributes:
         nats: the cap.
         source: ``max_kl`` (the user's ``--max-kl``), ``prior`` (the model's slope prior, with
-            :data:`CAP_MARGIN`), ``constant`` (:data:`KL_PER_POINT` per point: no evidence) or
+            :data:`CAP_MARGIN`), ``pilot`` (a slope measured by a short pilot on the study's own model
+            where no prior applies, with :data:`CAP_MARGIN`: :func:`pilot_cap`), ``constant``
+            (:data:`KL_PER_POINT` per point: no evidence) or
             ``agreement`` (an agreement budget: :data:`KL_PER_POINT` per gold point it corresponds to,
             :func:`agreement_cap`).
         prior: the prior's id when ``source`` is ``prior``.
@@ -75,6 +79,10 @@ class SearchCap:
         why = {
             "max_kl": "--max-kl",
             "prior": f"the slope prior {self.prior}: the KL it predicts to lose {CAP_MARGIN:g}x the budget",
+            "pilot": (
+                "no prior for the model; a pilot of hand-made schedules on its own validation examples: "
+                f"the KL at which their slope of task loss on KL predicts {CAP_MARGIN:g}x the budget"
+            ),
             "constant": f"no calibration known for the model: {KL_PER_POINT:g} nats per point of budget",
             "agreement": (
                 f"an agreement budget: {KL_PER_POINT:g} nats per gold point it corresponds to; no agreement "
@@ -97,6 +105,16 @@ def search_cap(max_accuracy_loss: float, max_kl: float | None, prior: SlopePrior
         nats = (CAP_MARGIN * max_accuracy_loss / prior.slope) ** (1.0 / prior.exponent)
         return SearchCap(nats, "prior", prior.id)
     return SearchCap(KL_PER_POINT * max_accuracy_loss, "constant")
+
+
+def pilot_cap(max_accuracy_loss: float, slope: float, exponent: float) -> SearchCap | None:
+    """The search cap from a pilot's measured ``slope`` (points per nat^``exponent``, the pooled
+    slope of task loss on ``KL^exponent`` of a few schedules scored on the study's own examples): the
+    KL at which it predicts :data:`CAP_MARGIN` times the budget, as from a prior; None where the
+    pilot measured no cost of KL (``slope <= 0``) or there is no budget, which leaves the constant."""
+    if not (math.isfinite(slope) and slope > 0 and max_accuracy_loss > 0):
+        return None
+    return SearchCap((CAP_MARGIN * max_accuracy_loss / slope) ** (1.0 / exponent), "pilot")
 
 
 def agreement_cap(gold_points: float) -> SearchCap:

@@ -576,6 +576,14 @@ class SearchSettings(EvalSettings):
             return agreement_cap(self.max_accuracy_loss * GOLD_PER_AGREEMENT_POINT)
         return search_cap(self.max_accuracy_loss, self.max_kl, self.search_prior)
 
+    def with_cap(self, cap: SearchCap) -> SearchSettings:
+        """These settings with a search cap measured rather than read (``pilot``:
+        :mod:`tuner.stages.pilot`): not a flag, so that a resumed study measures it again the same way;
+        the identity, the budget and MLflow's parameters read it from :attr:`cap` as any other."""
+        out = dataclasses.replace(self)
+        out.__dict__["cap"] = cap  # the cached property's slot: the same object answers every reader
+        return out
+
     @property
     def search_cap(self) -> float | None:
         """:attr:`cap` in nats (part of the study's identity, and so of MLflow's parameters)."""
