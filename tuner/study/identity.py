@@ -80,4 +80,10 @@ class StudyIdentity:
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, but ``search_prompt_tokens`` only where a multi-fidelity search set it: a
+        single-length study's identity, and ``recommended.json`` written from it, stay byte for byte
+        what they were before that setting existed."""
+        out = dataclasses.asdict(self)
+        if out["search_prompt_tokens"] is None:
+            del out["search_prompt_tokens"]
+        return out

@@ -55,6 +55,7 @@ from tuner.statistics.prior import SlopePrior
 from tuner.statistics.prior import resolve as resolve_prior
 from tuner.statistics.shape import SQUARE_ROOT, check_exponent
 from tuner.statistics.speed import CLOCKS
+from tuner.study.identity import StudyIdentity
 from tuner.study.samplers import check_sampler, sampler_names
 from tuner.study.strict_yaml import load_strict
 
@@ -647,11 +648,8 @@ class SearchSettings(EvalSettings):
                 "search_cap_prior", "search_prompt_tokens")  # fmt: skip
         prompts = self.prompts_file
         file = {} if prompts is None else {"task_fingerprint": f"{prompts.fingerprint}/{self.long_prompts}"}
-        return (
-            {k: getattr(self, k) for k in keys}
-            | {"task_fingerprint": None, "budget_kind": self.budget_kind}
-            | file
-        )
+        given = {k: getattr(self, k) for k in keys} | {"task_fingerprint": None, "budget_kind": self.budget_kind}
+        return StudyIdentity.from_dict(given | file).to_dict()  # one rule for what is stored
 
 
 @dataclass(frozen=True)
