@@ -648,7 +648,10 @@ class SearchSettings(EvalSettings):
                 "search_cap_prior", "search_prompt_tokens")  # fmt: skip
         prompts = self.prompts_file
         file = {} if prompts is None else {"task_fingerprint": f"{prompts.fingerprint}/{self.long_prompts}"}
-        given = {k: getattr(self, k) for k in keys} | {"task_fingerprint": None, "budget_kind": self.budget_kind}
+        given = {k: getattr(self, k) for k in keys} | {
+            "task_fingerprint": None,
+            "budget_kind": self.budget_kind,
+        }
         return StudyIdentity.from_dict(given | file).to_dict()  # one rule for what is stored
 
 
