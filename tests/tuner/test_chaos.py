@@ -69,6 +69,7 @@ def _argv(model: Path, out: Path) -> list[str]:
         "--max-prompt-tokens", "256", "--max-new-tokens", "4", "--n-trials", str(n_warm_starts()), "--speedup", "flops",
         "--data-dir", longbench_dir(), "--output", str(out), "--study-name", STUDY, "--sampler", "random",
         "--heartbeat-interval", "1", "--heartbeat-grace", "2",
+        "--max-kl", "0.6",  # the constant cap: no pilot (tests/tuner/stages/test_pilot.py), the moments as listed
     ]  # fmt: skip
 
 
