@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tuner.test_imports import find_cycle
+from tests.support import find_cycle
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
