@@ -249,7 +249,7 @@ def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
     decided: Decided
     if nxt.loss is not None and not outcome.search_loss.within(nxt.loss):
         decided = "over the cap"
-    elif not calibration.covers(nxt.values[1]):
+    elif not calibration.covers(nxt.values[1], nxt.number):
         decided = "past the scored KL"
     elif checked:  # measured only for a schedule that passed at its validation KL
         decided = "refused by the fresh check"

@@ -18,7 +18,8 @@ and reads nothing but its arguments.
    given the model's slope ``prior`` and fewer examples than its power curve asks for the budget,
    the slope and bounds are floored at the prior's (:meth:`Calibration.floored`).
 4. **Pick**: the fastest front schedule with no drift, or whose predicted task-loss bound at ``level``
-   is within the budget and whose KL is within the scored evidence (:meth:`Calibration.covers`).
+   is within the budget and whose KL is within the scored evidence or which was itself task-scored
+   (:meth:`Calibration.covers`).
 5. **Fresh drift** (given ``fresh``): a schedule that passes 4 is also judged at its KL on prompts the
    search never saw (``fresh``, called fastest first until one passes), the larger of the two KLs,
    and there at the slope's bound at ``confidence`` (the user's level), not at ``level``; where the
@@ -181,24 +182,27 @@ def judge(
     *,
     complete: bool = True,
     fresh_upper: float | None = None,
+    trial: int | None = None,
 ) -> tuple[bool, str]:
     """Whether a schedule of mean KL ``kl`` (nats, on the calibration's examples) is certified within
     ``budget``, and why; with ``fresh_kl`` (its KL on prompts the search never saw; not ``complete``:
     a lower bound the check stopped at) also at the larger of the two, with ``fresh_upper`` (the fresh
-    KL's one-sided bound at ``confidence``) counting its sampling error where the fresh KL is the larger."""
+    KL's one-sided bound at ``confidence``) counting its sampling error where the fresh KL is the larger;
+    ``trial``: the schedule's trial number (a scored one is covered whatever its KL, step 4)."""
     if kl == 0:
         return True, "no drift (KL 0): the unpruned model's answers"
     if calibration is None:
         return False, "no calibration (no scored schedule drifted)"
     est, up = calibration.predicted(kl)
-    ok = up <= budget.budget and calibration.covers(kl)
+    covered = calibration.covers(kl, trial)
+    ok = up <= budget.budget and covered
     why = (
         f"KL {kl:.4f} nats; {calibration.no_cost_text()}"  # a negative loss is no gain
         if calibration.slope <= 0
         else f"predicted task loss {est:.2f} (upper bound {up:.2f}) score points at KL {kl:.4f} nats "
         f"{'<=' if ok else '>'} budget {budget.budget:g}{calibration.floor_text()}"
     )
-    if up <= budget.budget and not calibration.covers(kl):
+    if up <= budget.budget and not covered:
         why += f"; past the largest scored KL {calibration.max_scored_kl:.4f} (no extrapolation)"
     if ok and fresh_kl is not None:
         at = judged_kl(kl, fresh_kl)
@@ -276,18 +280,19 @@ def pooled_rule(
     verdicts: list[Verdict] = []
     for r in front:
         kl = r.values[1]
-        ok, why = judge(kl, calibration, budget)
+        ok, why = judge(kl, calibration, budget, trial=r.number)
         seen = upper = None
         if ok and check and kl > 0 and not any(v.ok for v in verdicts):
             assert fresh is not None
 
-            def refused(at: float, kl: float = kl) -> bool:
-                return not judge(kl, calibration, budget, at)[0]
+            def refused(at: float, kl: float = kl, trial: int = r.number) -> bool:
+                return not judge(kl, calibration, budget, at, trial=trial)[0]
 
             measured = fresh(r, refused)
             seen, upper = measured.kl, measured.upper
             ok, why = judge(
-                kl, calibration, budget, seen, complete=measured.complete, fresh_upper=measured.upper
+                kl, calibration, budget, seen, complete=measured.complete, fresh_upper=measured.upper,
+                trial=r.number,
             )
             if ok and not measured.complete:
                 raise ValueError(

@@ -263,12 +263,15 @@ class Calibration:
             return self.max_scored_kl
         return min((budget / self.slope_upper) ** (1.0 / self.exponent), self.max_scored_kl)
 
-    def covers(self, kl: float) -> bool:
-        """Whether ``kl`` is within the scored evidence (no farther than the largest scored KL).
+    def covers(self, kl: float, trial: int | None = None) -> bool:
+        """Whether ``kl`` is within the scored evidence (no farther than the largest scored KL), or
+        ``trial`` is one of the scored schedules: its own task score is evidence whatever its KL on
+        other examples (the search's mean KL of a schedule scored on more examples differs from its
+        calibration KL by sampling alone).
 
         The comparison forgives float rounding: a scored trial's own mean KL, summed in another
         order than the calibration's, may come out a few ulps above it, and must not be refused for that."""
-        return kl <= self.max_scored_kl * (1.0 + 1e-9) + 1e-15
+        return trial in self.trials or kl <= self.max_scored_kl * (1.0 + 1e-9) + 1e-15
 
     def predicted(self, kl: float) -> tuple[float, float]:
         """``(estimate, upper bound)`` of the task loss (points) of a schedule with mean KL ``kl``."""

@@ -260,7 +260,7 @@ def test_the_benchmark_replays_the_products_rule(monkeypatch: pytest.MonkeyPatch
     before = bench.replay(grid, 2.0, [10], resamples=4, settings=setting)[0]
     assert before["no_pick"] == 0.0 and before["most_common_pick"] == "1"
     # break the product's rule (judge rejects everything that drifts): the benchmark must see it
-    monkeypatch.setattr(rule, "judge", lambda kl, *rest: (kl == 0, "broken"))
+    monkeypatch.setattr(rule, "judge", lambda kl, *rest, **kw: (kl == 0, "broken"))
     after = bench.replay(grid, 2.0, [10], resamples=4, settings=setting)[0]
     assert after["most_common_pick"] == "0" and after["speed_kept"] < before["speed_kept"]
 
@@ -279,8 +279,8 @@ def test_the_benchmark_replays_the_fresh_drift_check_of_the_products_rule(
     monkeypatch.setattr(
         rule,
         "judge",
-        lambda kl, cal, budget, fresh_kl=None, complete=True, fresh_upper=None: (
-            (False, "x") if fresh_kl is not None else judge(kl, cal, budget)
+        lambda kl, cal, budget, fresh_kl=None, complete=True, fresh_upper=None, trial=None: (
+            (False, "x") if fresh_kl is not None else judge(kl, cal, budget, trial=trial)
         ),
     )
     broken = bench.replay(grid, 2.0, [4], resamples=4, settings=setting, fresh=4)[0]
@@ -567,3 +567,31 @@ def test_the_benchmark_replays_a_presets_rule_at_its_decision_level(
     with pytest.raises(SystemExit) as exc:
         bench.main([*argv, "--decision-level", "0.8"])
     assert exc.value.code == 2 and "give --confirm-k too" in capsys.readouterr().err
+
+
+def test_a_scored_schedule_is_its_own_evidence_whatever_its_search_kl() -> None:
+    """Defect (openqa-4k seed 0, 2026-12-06): with --confirm-n-examples above --n-examples the
+    calibration reads a schedule's KL on more examples than the search did. The fastest scored
+    schedule's search KL (0.0386) came out above its calibration KL (0.0296), so it was refused as
+    'past the largest scored KL' though its own task score was in the calibration. A schedule that was
+    not scored stays refused past the evidence."""
+
+    def on_more_examples(records: Sequence[TrialRecord]) -> list[ScoredSchedule]:
+        # the calibration's examples drift 0.7x what the search's did; the slope is 40 on them
+        return [
+            ScoredSchedule(r.number, {k: 0.7 * v for k, v in r.per_example.items()},
+                           {k: SLOPE * 0.7 * v for k, v in r.per_example.items()})
+            for r in records
+        ]  # fmt: skip
+
+    decision = rule.pooled_rule(
+        RECORDS, FidelityLoss(1.0), ScoreLoss(10.0), 6, WEIGHTS, on_more_examples, level=0.6, confidence=0.9
+    )
+    cal = decision.calibration
+    assert cal is not None and cal.max_scored_kl == pytest.approx(0.7 * RECORDS[2].values[1])
+    assert decision.picked is not None and decision.picked.number == 2  # 8 points at its search KL 0.2
+    assert "past the largest scored KL" not in decision.verdicts[0].why
+    assert cal.covers(RECORDS[2].values[1], trial=2)
+    assert not cal.covers(RECORDS[2].values[1]) and not cal.covers(RECORDS[2].values[1], trial=7)
+    ok, why = rule.judge(RECORDS[2].values[1], cal, ScoreLoss(10.0))  # judged as an unscored schedule
+    assert not ok and "past the largest scored KL" in why
