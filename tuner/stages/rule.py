@@ -291,7 +291,12 @@ def pooled_rule(
             measured = fresh(r, refused)
             seen, upper = measured.kl, measured.upper
             ok, why = judge(
-                kl, calibration, budget, seen, complete=measured.complete, fresh_upper=measured.upper,
+                kl,
+                calibration,
+                budget,
+                seen,
+                complete=measured.complete,
+                fresh_upper=measured.upper,
                 trial=r.number,
             )
             if ok and not measured.complete:
