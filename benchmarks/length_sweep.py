@@ -1,6 +1,6 @@
 """Where the gain goes: one schedule's TTFT and end-to-end speedup against prompt length.
 
-    python benchmarks/length_sweep.py --schedule runs/<study>/recommended.json \
+    python benchmarks/length_sweep.py --schedule runs/<study>/recommended.json [--label NAME] \
         [--lengths 1024 2048 4096 8160] [--rounds 3] [--new-tokens 64] [--dtype auto] \
         [--out benchmarks/data/length-sweep-<date>/rows.jsonl] [--plot .../speedup.png]
 
@@ -15,8 +15,9 @@ speedup at that length.
 
 Rows are appended to ``--out`` as each length finishes (one JSON object a line,
 :mod:`tuner.evaluation.recorder`); a rerun with the same model, schedule, dtype, clock, rounds and
-answer length skips the lengths already there, so a stopped sweep resumes. ``--plot`` draws both
-speedups against length from every row, with the rounds behind each point.
+answer length skips the lengths already there, so a stopped sweep resumes; several schedules share
+one rows file. ``--plot`` draws both speedups against length for every schedule in the file (of the
+same model and dtype), a colour each, named by ``--label``, with the rounds behind each point.
 """
 
 from __future__ import annotations
@@ -97,34 +98,46 @@ def sweep_row(
     }
 
 
+def label_of(row: dict[str, Any]) -> str:
+    """A schedule's name in the plot: its ``--label``, else what ``--schedule`` was given."""
+    return str(row.get("label") or row["schedule"])
+
+
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Both speedups against prompt length, each point labelled with its rounds."""
+    """TTFT speedup (solid) and end-to-end speedup (dashed) against prompt length, a colour per
+    schedule, each point labelled with its rounds; the FLOP model's TTFT in grey dots."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = sorted(rows, key=lambda r: r["tokens"])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    x = [r["tokens"] for r in rows]
-    ax.plot(x, [r["ttft_speedup"] for r in rows], "o-", label="TTFT (measured)")
-    ax.plot(
-        x,
-        [r["total_speedup"] for r in rows],
-        "s-",
-        label=f"prefill + {rows[0]['new_tokens']} tokens (measured)",
-    )
-    ax.plot(x, [r["flop_speedup"] for r in rows], "--", color="grey", label="FLOP model (TTFT)")
-    for r in rows:
-        ax.annotate(f"min of {r['rounds']}", (r["tokens"], r["ttft_speedup"]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")  # fmt: skip
+    schedules: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: r["tokens"]):
+        schedules.setdefault(label_of(r), []).append(r)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lengths: set[int] = set()
+    for i, (name, mine) in enumerate(schedules.items()):
+        color = f"C{i}"
+        x = [r["tokens"] for r in mine]
+        lengths.update(x)
+        ax.plot(x, [r["ttft_speedup"] for r in mine], "o-", color=color, label=f"{name}: TTFT")
+        ax.plot(x, [r["total_speedup"] for r in mine], "s--", color=color,
+                label=f"{name}: prefill + {mine[0]['new_tokens']} tokens")  # fmt: skip
+        ax.plot(x, [r["flop_speedup"] for r in mine], ":", color="grey")
+        for r in mine:
+            ax.annotate(f"min of {r['rounds']}", (r["tokens"], r["ttft_speedup"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
+    ax.plot([], [], ":", color="grey", label="FLOP model (TTFT)")
+    ticks = sorted(lengths)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(x, [str(t) for t in x])
+    ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("speedup over the unpruned model (x)")
     ax.axhline(1.0, color="black", linewidth=0.5)
-    ax.set_title(f"{rows[0]['model']}, {rows[0]['dtype']}: one schedule at every length", fontsize=9)
-    ax.legend(fontsize=8)
+    first = rows[0]
+    ax.set_title(f"{first['model']}, {first['dtype']}, {first.get('clock_used', first['clock'])} clock: measured speedup against prompt length",
+                 fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -135,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--schedule", default="paper-style", help="a schedule JSON file, or paper-style")
+    parser.add_argument("--label", default=None, help="the schedule's name in the plot (default: --schedule)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8160])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -152,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     done = {key_of(r) for r in rows}
     for tokens in args.lengths:
         common = {
-            "model": args.model, "schedule": args.schedule, "percentiles": list(schedule.percentiles),
+            "model": args.model, "schedule": args.schedule, "label": args.label or args.schedule,
+            "percentiles": list(schedule.percentiles),
             "dtype": args.dtype, "clock": args.clock, "rounds": args.rounds, "new_tokens": args.new_tokens,
         }  # fmt: skip
         if key_of({**common, "tokens": tokens}) in done:
@@ -172,12 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{row['prompt_computed_pct']:.1f}% of the prompt computed (min of {args.rounds} rounds)"
         )
     if args.plot is not None:
-        mine = [
-            r
-            for r in rows
-            if (r["model"], r["schedule"], r["dtype"]) == (args.model, args.schedule, args.dtype)
-        ]
-        plot(mine, args.plot)
+        plot([r for r in rows if (r["model"], r["dtype"]) == (args.model, args.dtype)], args.plot)
     return 0
 
 
