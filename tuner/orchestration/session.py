@@ -273,7 +273,7 @@ def conclude(session: Session) -> StudyOutcome:
     outcome = StudyOutcome.from_study(study, runner.budget)
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
     if target is not None:
-        outcome = dataclasses.replace(outcome, notes=(*outcome.notes, target.note()))
+        outcome = dataclasses.replace(outcome, notes=(*outcome.notes, target.note()), judged=target.records)
     if session.pilot is not None:  # the report says what set the cap, and on what
         outcome = dataclasses.replace(outcome, notes=(*outcome.notes, session.pilot.text()))
     timing = TrialTiming.of(study, settings.n_trials, settings.trials_timeout)

@@ -211,7 +211,7 @@ def decide(outcome: StudyOutcome, timing: TrialTiming) -> Decision:
     confirmation = outcome.confirmation
     calibration = None if confirmation is None else confirmation.calibration
     budget = outcome.task_budget
-    faster = [r for r in outcome.front if best is None or r.values[0] > best.values[0]]
+    faster = [r for r in outcome.judged_front if best is None or r.values[0] > best.values[0]]
     nxt = faster[-1] if faster else None  # the slowest of the faster ones: the next step up
     fresh = None if confirmation is None else confirmation.fresh
 

@@ -39,6 +39,10 @@ class StudyOutcome:
         heldout: the held-out check, if it ran.
         decision: what bound the answer, in words (budget, data or time).
         notes: what else the report must say (a prompts file too small for a held-out check).
+        judged: a multi-fidelity study's front measured again at the target prompt length
+            (:func:`tuner.stages.target.at_target`), the records the decision judged; the
+            recommendation, its metrics and the decision's front read them (empty: the trial records
+            themselves are what was judged). The trials' own front stays at the search length.
     """
 
     study_name: str
@@ -50,6 +54,7 @@ class StudyOutcome:
     decision: str = ""
     notes: tuple[str, ...] = ()
     power: str | None = None
+    judged: tuple[TrialRecord, ...] = ()
 
     @classmethod
     def from_study(
@@ -108,8 +113,14 @@ class StudyOutcome:
     def front(self) -> list[TrialRecord]:
         return non_dominated(self.records)
 
+    @property
+    def judged_front(self) -> list[TrialRecord]:
+        """The front the decision judged: at the target length in a multi-fidelity study."""
+        return non_dominated(self.judged or self.records)
+
     def record(self, number: int) -> TrialRecord:
-        return next(r for r in self.records if r.number == number)
+        """Trial ``number``'s record as judged (at the target length where it was measured there)."""
+        return next(r for r in (*self.judged, *self.records) if r.number == number)
 
     @property
     def provisional(self) -> bool:

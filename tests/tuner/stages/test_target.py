@@ -63,7 +63,10 @@ def test_trials_run_short_and_the_decision_reads_the_target_kl(tiny_folder: Path
         assert kl != pytest.approx(r.values[1], rel=1e-3)  # not the short prompts' KL
         checked += 1
     assert checked
-    notes = json.loads((tmp_path / "mf" / "recommended.json").read_text())["metadata"].get("notes", [])
+    # the recommendation's metrics are the ones judged, at the target (what the user runs)
+    meta = json.loads((tmp_path / "mf" / "recommended.json").read_text())["metadata"]
+    assert meta["metrics"]["kl"] == pytest.approx(judged[meta["trial"]], rel=1e-9, abs=1e-15)
+    notes = meta.get("notes", [])
     assert any(f"trials on {SHORT}-token prompts" in n for n in notes)
 
 
