@@ -37,7 +37,7 @@ from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.outcome import StudyOutcome
 from tuner.stages.pilot import PilotResult, run_pilot, wants_pilot
-from tuner.stages.target import at_target
+from tuner.stages.target import at_target, store_judged
 from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.study.records import TrialRecord
 from tuner.study.settings import SearchSettings
@@ -267,13 +267,12 @@ def conclude(session: Session) -> StudyOutcome:
         judged, on = records, runner
         if settings.multi_fidelity and runner.search_loss.kind == "fidelity":
             target = at_target(records, runner)
+            store_judged(study, target)  # tuner.export reads the same KLs later
             judged, on = list(target.records), target.runner
         confirmation = confirm(judged, on, settings.confirm_k, complete_trials=_complete_trials(study))
         confirmation.store(study)  # tuner.export finds the same pick later
-    outcome = StudyOutcome.from_study(study, runner.budget)
+    outcome = StudyOutcome.from_study(study, runner.budget)  # with the judged front stored above
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
-    if target is not None:
-        outcome = dataclasses.replace(outcome, notes=(*outcome.notes, target.note()), judged=target.records)
     if session.pilot is not None:  # the report says what set the cap, and on what
         outcome = dataclasses.replace(outcome, notes=(*outcome.notes, session.pilot.text()))
     timing = TrialTiming.of(study, settings.n_trials, settings.trials_timeout)

@@ -22,6 +22,7 @@ from tuner.evaluation.losses import Budget, Loss
 from tuner.stages.confirm import Confirmation
 from tuner.stages.front import fastest_feasible, non_dominated, study_records
 from tuner.stages.heldout import HeldoutReport
+from tuner.stages.target import judged_of_study
 from tuner.study.identity import StudyIdentity
 from tuner.study.records import TrialRecord
 
@@ -68,12 +69,15 @@ class StudyOutcome:
             raise ValueError(
                 f"study {study.study_name!r} has no identity: it was not created by tuner.search"
             )
+        judged, note = judged_of_study(study) if with_records else ((), None)
         return cls(
             study_name=study.study_name,
             identity=identity,
             budget=Budget.from_settings(identity) if budget is None else budget,
             records=tuple(study_records(study)) if with_records else (),
             confirmation=Confirmation.of_study(study) if with_records else None,
+            notes=() if note is None else (note,),
+            judged=judged,
         )
 
     @property

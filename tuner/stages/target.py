@@ -39,11 +39,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
 
 from tuner.evaluation.losses import Rival
 from tuner.stages.front import feasible_front
 from tuner.stages.trial import TrialRunner
 from tuner.study.records import TrialRecord
+
+JUDGED_ATTR = "judged_at_target"
+"""The study's user attr holding the front as judged at the target length (:func:`store_judged`), so that
+``tuner.export`` reads the recommendation's metrics at the length the decision judged them at."""
 
 
 @dataclass(frozen=True)
@@ -121,3 +129,27 @@ def at_target(records: Sequence[TrialRecord], runner: TrialRunner) -> AtTarget:
         short,
         runner.settings.max_prompt_tokens,
     )
+
+
+def store_judged(study: optuna.Study, found: AtTarget) -> None:
+    """Keep ``found``'s records and note in ``study`` with the number of complete trials they judged
+    (as the confirmation is kept: :meth:`tuner.stages.confirm.Confirmation.store`)."""
+    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    study.set_user_attr(
+        JUDGED_ATTR,
+        {"complete_trials": complete, "note": found.note(), "records": [r.to_dict() for r in found.records]},
+    )
+
+
+def judged_of_study(study: optuna.Study) -> tuple[tuple[TrialRecord, ...], str | None]:
+    """The stored front at the target length and its note, where they judged the study's current
+    complete trials; else ``((), None)`` (a study that is not multi-fidelity, or has trials since)."""
+    data: Any = study.user_attrs.get(JUDGED_ATTR)
+    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if not isinstance(data, dict) or data.get("complete_trials") != complete:
+        return (), None
+    try:
+        records = tuple(TrialRecord.from_dict(r) for r in data["records"])
+    except (KeyError, TypeError, ValueError):
+        return (), None  # an older or damaged attr: as if never measured at the target
+    return records, str(data.get("note") or "") or None

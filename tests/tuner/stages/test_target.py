@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 from tests.support import longbench_dir
+from tuner.export import main as export
 from tuner.search import main
 from tuner.study.records import TrialRecord, schedule_key
 from tuner.study.settings import SearchSettings
@@ -68,6 +69,14 @@ def test_trials_run_short_and_the_decision_reads_the_target_kl(tiny_folder: Path
     assert meta["metrics"]["kl"] == pytest.approx(judged[meta["trial"]], rel=1e-9, abs=1e-15)
     notes = meta.get("notes", [])
     assert any(f"trials on {SHORT}-token prompts" in n for n in notes)
+    # tuner.export reads the stored study as the search left it: the same KL, judged at the target
+    storage = f"sqlite:///{tmp_path / 'mf' / 'study.db'}"
+    out = tmp_path / "exported"
+    assert export(["--study-name", "mf", "--storage", storage, "--out", str(out)]) == 0
+    again = json.loads((out / "recommended.json").read_text())["metadata"]
+    assert again["trial"] == meta["trial"]
+    assert again["metrics"]["kl"] == pytest.approx(meta["metrics"]["kl"], rel=1e-9, abs=1e-15)
+    assert any(f"trials on {SHORT}-token prompts" in n for n in again.get("notes", []))
 
 
 @pytest.mark.parametrize(
