@@ -8,7 +8,10 @@ slope prior of the model (:mod:`tuner.statistics.prior`: task-score points per n
 recorded grid at the study's prompt length and calibration shape) converts it. Without a prior a
 short pilot measures the slope on the study's own examples (:mod:`tuner.stages.pilot`, then
 :func:`pilot_cap`); where that measures no cost of KL the cap is :data:`KL_PER_POINT` nats per point,
-a constant from before the priors existed, the last resort; ``--max-kl`` overrides all of them.
+a constant from before the priors existed, the last resort; ``--max-kl`` overrides all of them. A
+multi-fidelity search's short trials take ``search_max_kl`` where it is set (the long-prompt presets'
+exploration cap), and only there: a search whose trials run at the target length reads its cap as
+any other.
 :class:`SearchCap` says which set it; the study's identity, its report and its MLflow parameters
 carry that.
 """
@@ -44,7 +47,7 @@ in: a sampler's proposal the FLOP model puts below it is stopped before it runs 
 1.17-1.31x (docs/tuning.md#the-speed-floor). Queued schedules (the reference, the warm starts) are
 never stopped by it."""
 
-CAP_SOURCES = ("max_kl", "prior", "pilot", "constant", "agreement")
+CAP_SOURCES = ("max_kl", "exploration", "prior", "pilot", "constant", "agreement")
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ class SearchCap:
 
     Attributes:
         nats: the cap.
-        source: ``max_kl`` (the user's ``--max-kl``), ``prior`` (the model's slope prior, with
+        source: ``max_kl`` (the user's ``--max-kl``), ``exploration`` (``search_max_kl``: a
+            multi-fidelity search's cap on its short trials, judged again at the target length), ``prior`` (the model's slope prior, with
             :data:`CAP_MARGIN`), ``pilot`` (a slope measured by a short pilot on the study's own model
             where no prior applies, with :data:`CAP_MARGIN`: :func:`pilot_cap`), ``constant``
             (:data:`KL_PER_POINT` per point: no evidence) or
@@ -78,6 +82,10 @@ class SearchCap:
         """The cap and what set it, for a report: ``"0.2083 nats (the slope prior ...)"``."""
         why = {
             "max_kl": "--max-kl",
+            "exploration": (
+                "search_max_kl: an exploration cap on the short trials of a multi-fidelity search; the "
+                "front is judged again at the target length"
+            ),
             "prior": f"the slope prior {self.prior}: the KL it predicts to lose {CAP_MARGIN:g}x the budget",
             "pilot": (
                 "no prior for the model; a pilot of hand-made schedules on its own validation examples: "

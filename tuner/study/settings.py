@@ -412,6 +412,15 @@ class SearchSettings(EvalSettings):
             "max_prompt_tokens, if any), none, or a prior JSON file (benchmarks/slope_prior.py)"
         ),
     )
+    search_max_kl: float | None = field(
+        default=None,
+        metadata=_help(
+            "fidelity cap of a multi-fidelity search's trials, at search_prompt_tokens (the long-prompt "
+            "presets' exploration cap: the front is judged again at max_prompt_tokens); not applied when "
+            "the trials run at max_prompt_tokens, which take --max-kl, else the prior's cap at that length "
+            "(docs/tuning.md#multi-fidelity-search)"
+        ),
+    )
     search_prompt_tokens: int | None = field(
         default=None,
         metadata=_help(
@@ -457,6 +466,7 @@ class SearchSettings(EvalSettings):
         if self.accuracy not in ACCURACY_MODES:
             raise ValueError(f"accuracy = {self.accuracy!r}: must be one of {', '.join(ACCURACY_MODES)}")
         _finite("max_kl", self.max_kl, low=0, strict=True)
+        _finite("search_max_kl", self.search_max_kl, low=0, strict=True)
         _finite("min_speedup", self.min_speedup, low=1.0)
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence = {self.confidence}: must be in [0.5, 1), e.g. 0.9")
@@ -569,10 +579,13 @@ class SearchSettings(EvalSettings):
 
     @functools.cached_property
     def cap(self) -> SearchCap | None:
-        """A fidelity search's cap (:func:`tuner.statistics.cap.search_cap`: ``max_kl``, else from
-        :attr:`prior`, else the constant); None for a score search."""
+        """A fidelity search's cap (:func:`tuner.statistics.cap.search_cap`: ``max_kl``, else in a
+        multi-fidelity search ``search_max_kl``, else from :attr:`search_prior`, else the constant);
+        None for a score search."""
         if self.accuracy != "fidelity":
             return None
+        if self.max_kl is None and self.multi_fidelity and self.search_max_kl is not None:
+            return SearchCap(self.search_max_kl, "exploration")
         if self.max_kl is None and self.budget_kind == "agreement" and self.prior is None:
             return agreement_cap(self.max_accuracy_loss * GOLD_PER_AGREEMENT_POINT)
         return search_cap(self.max_accuracy_loss, self.max_kl, self.search_prior)

@@ -28,6 +28,26 @@ def _from_file(name: str, budget: float) -> float:
     return float((CAP_MARGIN * budget / data["slope_points_per_nat"]) ** (1 / data.get("exponent", 1.0)))
 
 
+@pytest.mark.parametrize(("preset", "target"), [("openqa-4k", 4096), ("openqa-8k", 8160), ("qa-4k", 4096)])
+def test_the_exploration_cap_binds_short_trials_only(preset: str, target: int) -> None:
+    """The long-prompt presets' ``search_max_kl`` (0.5 nats) is a cap for trials on short prompts,
+    whose front is judged again at the target. A full-length search of the same preset (issue 63:
+    openqa-4k seed 1 at 4096 roamed to 12.46x under it) takes the prior's cap at its own length, and
+    ``--max-kl`` wins over both."""
+    from tuner.study.settings import resolve_settings
+
+    short = resolve_settings(preset, {})
+    assert short.multi_fidelity and short.cap == SearchCap(0.5, "exploration")
+    assert (
+        "exploration cap" in short.cap.text() and short.study_identity()["search_cap_source"] == "exploration"
+    )
+    full = resolve_settings(preset, {"search_prompt_tokens": target})
+    assert not full.multi_fidelity and full.search_max_kl == 0.5
+    assert full.cap is not None and full.cap.source == "prior" and full.cap.nats < 0.5
+    assert full.cap == SearchSettings(max_prompt_tokens=target, calibration_exponent=0.5).cap
+    assert resolve_settings(preset, {"max_kl": 0.3}).cap == SearchCap(0.3, "max_kl")
+
+
 @pytest.mark.parametrize(
     ("tokens", "exponent", "name"),
     [(1024, 1.0, "smollm2-135m-1024.json"), (2048, 1.0, "smollm2-135m-2048.json"),

@@ -86,6 +86,8 @@ def test_evaluate_output_is_derived_from_the_settings() -> None:
         ({"split": "test"}, "a study searches on 'validation'"),
         ({"model": " "}, "model is empty"),
         ({"dtype": "fp16"}, "dtype = 'fp16': must be one of auto, float32, bfloat16, float16"),
+        ({"search_max_kl": 0.0}, "search_max_kl = 0.0: must be > 0"),
+        ({"search_max_kl": math.nan}, "search_max_kl = nan: must be a finite number"),
     ],
 )
 def test_search_settings_refuse_bad_values(kwargs: dict[str, object], fragment: str) -> None:
