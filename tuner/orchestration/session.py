@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 from tqdm.auto import tqdm
 
 from lazyllm.models import load_model
@@ -39,7 +39,7 @@ from tuner.stages.outcome import StudyOutcome
 from tuner.stages.pilot import PilotResult, run_pilot, wants_pilot
 from tuner.stages.target import at_target, store_judged
 from tuner.stages.trial import TrialRunner, fidelity_of
-from tuner.study.records import TrialRecord
+from tuner.study.records import TrialRecord, complete_trial_count
 from tuner.study.settings import SearchSettings
 from tuner.study.spaces import load_space
 from tuner.study.storage import (
@@ -269,7 +269,7 @@ def conclude(session: Session) -> StudyOutcome:
             target = at_target(records, runner)
             store_judged(study, target)  # tuner.export reads the same KLs later
             judged, on = list(target.records), target.runner
-        confirmation = confirm(judged, on, settings.confirm_k, complete_trials=_complete_trials(study))
+        confirmation = confirm(judged, on, settings.confirm_k, complete_trials=complete_trial_count(study))
         confirmation.store(study)  # tuner.export finds the same pick later
     outcome = StudyOutcome.from_study(study, runner.budget)  # with the judged front stored above
     outcome = dataclasses.replace(outcome, confirmation=confirmation)
@@ -292,7 +292,3 @@ def conclude(session: Session) -> StudyOutcome:
             task = confirmation.recommended.loss
         outcome = dataclasses.replace(outcome, heldout=heldout_check(runner, best, task, records))
     return outcome
-
-
-def _complete_trials(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))

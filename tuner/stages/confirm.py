@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from lazyllm import LazyLLM
 from tuner.data.embedded import PACKAGED
@@ -48,7 +47,7 @@ from tuner.stages.rule import (
 from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.statistics.bootstrap import Estimate, macro_weights
 from tuner.statistics.calibration import Calibration, ScoredSchedule
-from tuner.study.records import TrialRecord
+from tuner.study.records import TrialRecord, complete_trial_count
 from tuner.study.settings import EvalSettings
 
 STATUSES = ("confirmed", "failed", "skipped", "scored")
@@ -273,7 +272,7 @@ class Confirmation:
         data = study.user_attrs.get(CONFIRMATION_ATTR)
         if not isinstance(data, dict):
             return None
-        current = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        current = complete_trial_count(study)
         try:
             found = cls.from_dict(data)
         except (KeyError, TypeError, ValueError):

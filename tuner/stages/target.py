@@ -42,12 +42,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from tuner.evaluation.losses import Rival
 from tuner.stages.front import feasible_front
 from tuner.stages.trial import TrialRunner
-from tuner.study.records import TrialRecord
+from tuner.study.records import TrialRecord, complete_trial_count
 
 JUDGED_ATTR = "judged_at_target"
 """The study's user attr holding the front as judged at the target length (:func:`store_judged`), so that
@@ -134,7 +133,7 @@ def at_target(records: Sequence[TrialRecord], runner: TrialRunner) -> AtTarget:
 def store_judged(study: optuna.Study, found: AtTarget) -> None:
     """Keep ``found``'s records and note in ``study`` with the number of complete trials they judged
     (as the confirmation is kept: :meth:`tuner.stages.confirm.Confirmation.store`)."""
-    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    complete = complete_trial_count(study)
     study.set_user_attr(
         JUDGED_ATTR,
         {"complete_trials": complete, "note": found.note(), "records": [r.to_dict() for r in found.records]},
@@ -145,7 +144,7 @@ def judged_of_study(study: optuna.Study) -> tuple[tuple[TrialRecord, ...], str |
     """The stored front at the target length and its note, where they judged the study's current
     complete trials; else ``((), None)`` (a study that is not multi-fidelity, or has trials since)."""
     data: Any = study.user_attrs.get(JUDGED_ATTR)
-    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    complete = complete_trial_count(study)
     if not isinstance(data, dict) or data.get("complete_trials") != complete:
         return (), None
     try:

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from lazyllm.schedule import Revival, Schedule
@@ -26,6 +27,12 @@ from tuner.study.settings import ACCURACY_MODES
 
 RECORD_ATTR = "record"
 RECORD_VERSION = 2
+
+
+def complete_trial_count(study: optuna.Study) -> int:
+    """How many of ``study``'s trials are COMPLETE: what a judgement stored in the study (the
+    confirmation, the front at the target length) was made on, and valid while it is unchanged."""
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
 def schedule_key(schedule: Schedule) -> str:
