@@ -57,12 +57,12 @@ class SearchCap:
     Attributes:
         nats: the cap.
         source: ``max_kl`` (the user's ``--max-kl``), ``exploration`` (``search_max_kl``: a
-            multi-fidelity search's cap on its short trials, judged again at the target length), ``prior`` (the model's slope prior, with
-            :data:`CAP_MARGIN`), ``pilot`` (a slope measured by a short pilot on the study's own model
-            where no prior applies, with :data:`CAP_MARGIN`: :func:`pilot_cap`), ``constant``
-            (:data:`KL_PER_POINT` per point: no evidence) or
-            ``agreement`` (an agreement budget: :data:`KL_PER_POINT` per gold point it corresponds to,
-            :func:`agreement_cap`).
+            multi-fidelity search's cap on its short trials, judged again at the target length),
+            ``prior`` (the model's slope prior, with :data:`CAP_MARGIN`), ``pilot`` (a slope
+            measured by a short pilot on the study's own model where no prior applies, with
+            :data:`CAP_MARGIN`: :func:`pilot_cap`), ``constant`` (:data:`KL_PER_POINT` per point: no
+            evidence) or ``agreement`` (an agreement budget: :data:`KL_PER_POINT` per gold point it
+            corresponds to, :func:`agreement_cap`).
         prior: the prior's id when ``source`` is ``prior``.
     """
 
