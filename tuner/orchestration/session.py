@@ -262,7 +262,6 @@ def conclude(session: Session) -> StudyOutcome:
     settings, study, runner = session.settings, session.study, session.runner
     records = study_records(study, settings.model)
     confirmation = None
-    target = None  # a multi-fidelity search's front at the target length: what the decision reads
     if settings.confirm_k > 0:
         judged, on = records, runner
         if settings.multi_fidelity and runner.search_loss.kind == "fidelity":

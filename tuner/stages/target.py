@@ -144,8 +144,7 @@ def judged_of_study(study: optuna.Study) -> tuple[tuple[TrialRecord, ...], str |
     """The stored front at the target length and its note, where they judged the study's current
     complete trials; else ``((), None)`` (a study that is not multi-fidelity, or has trials since)."""
     data: Any = study.user_attrs.get(JUDGED_ATTR)
-    complete = complete_trial_count(study)
-    if not isinstance(data, dict) or data.get("complete_trials") != complete:
+    if not isinstance(data, dict) or data.get("complete_trials") != complete_trial_count(study):
         return (), None
     try:
         records = tuple(TrialRecord.from_dict(r) for r in data["records"])
