@@ -14,7 +14,7 @@ GemFilter and TSP (:mod:`lazyllm.peers`) at their published settings and at the 
 (:func:`lazyllm.peers.match_speedup` at the median prompt length); every LazyLLM-side schedule with
 ``frozen`` revival (what the study tunes). kvpress's SnapKVPress, ExpectedAttentionPress and TOVAPress at the
 KV memory the pick keeps (``compression_ratio`` = 1 - the pick's kept share of (token, layer) pairs at
-the median length) and at 50%, plus ``unpruned (kvpress venv)``, the control: the same route without a
+the median length) and at 50% (``--press-ratios``), plus ``unpruned (kvpress venv)``, the control: the same route without a
 press, in kvpress's venv. kvpress runs in ``.venv-kvpress`` (:mod:`kvpress_worker`, a subprocess).
 
 kvpress compresses a *context* and then reads a *question* uncompressed (its pipeline's convention):
@@ -126,9 +126,15 @@ def kept_share(schedule: Schedule, n: int) -> float:
 
 
 def plan(
-    pick: Schedule, model: str, dims: ModelDims, lengths: Sequence[int], presses: Sequence[str]
+    pick: Schedule,
+    model: str,
+    dims: ModelDims,
+    lengths: Sequence[int],
+    presses: Sequence[str],
+    press_ratios: Sequence[float | None] = (None, 0.5),
 ) -> list[Spec]:
-    """The table's rows (see the module docstring), in order."""
+    """The table's rows (see the module docstring), in order; each press at each of ``press_ratios``
+    (``compression_ratio``; None: the pick's KV memory)."""
     layers = dims.num_layers
     mid = int(statistics.median(lengths))
     target = float(statistics.median(METHODS["lazyllm"].flop_speedup(dims, n, pick, {}) for n in lengths))
@@ -143,11 +149,34 @@ def plan(
         if matched is not None:
             specs.append(Spec(f"{peer} (pick's speed)", "lazyllm", peer, options={k: round(v, 4) for k, v in matched.items()}))  # fmt: skip
     specs.append(Spec(VENV_CONTROL, "kvpress", "press"))
-    ratio = round(1.0 - kept_share(pick, mid), 4)
+    picks = round(1.0 - kept_share(pick, mid), 4)
     for short in presses:
-        for r, at in ((ratio, "pick's KV"), (0.5, "50% KV")):
-            specs.append(Spec(f"kvpress {short} ({at})", "kvpress", "press", press=PRESSES[short], ratio=r))
+        for r in press_ratios:
+            at = "pick's KV" if r is None else f"{100 * (1 - r):g}% KV"
+            ratio = picks if r is None else r
+            specs.append(
+                Spec(f"kvpress {short} ({at})", "kvpress", "press", press=PRESSES[short], ratio=ratio)
+            )
     return specs
+
+
+def press_ratios(text: str) -> list[float | None]:
+    """``--press-ratios``: ``pick`` (None, the pick's KV memory) or a ``compression_ratio`` in (0, 1)."""
+    out: list[float | None] = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        if item == "pick":
+            out.append(None)
+            continue
+        try:
+            ratio = float(item)
+        except ValueError:
+            raise ValueError(f"{item!r} is neither `pick` nor a number; give e.g. pick,0.5") from None
+        if not 0 < ratio < 1:
+            raise ValueError(f"{item} is outside (0, 1); a compression ratio is the share of the KV dropped")
+        out.append(ratio)
+    if not out:
+        raise ValueError("no ratio given; give e.g. pick,0.5")
+    return out
 
 
 def split_prompt(ids: Sequence[int], marker: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -368,7 +397,7 @@ class Table:
         self.fidelity = FidelityEvaluator(self.evaluator)
         pick = Schedule.load(args.pick)
         lengths = [len(ex.input_ids) for ex in self.examples]
-        self.specs = plan(pick, args.model, self.dims, lengths, args.presses)
+        self.specs = plan(pick, args.model, self.dims, lengths, args.presses, args.press_ratios)
         self.recorder = Recorder(Path(args.out))
         check_plan(Path(args.out).with_suffix(".methods.json"), self.specs)
         self.generators = {
@@ -554,6 +583,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--presses", default=",".join(PRESSES), help=f"comma-separated, of {', '.join(PRESSES)} (empty: none)"
     )
+    p.add_argument(
+        "--press-ratios",
+        default="pick,0.5",
+        help="comma-separated compression ratios the presses run at; `pick`: the pick's KV memory",
+    )
     p.add_argument("--max-prompt-tokens", type=int, default=2048)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--dtype", default="bfloat16")
@@ -577,6 +611,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [s for s in args.presses if s not in PRESSES]
     if bad:
         p.error(f"--presses: unknown {bad[0]!r}; valid: {', '.join(PRESSES)}")
+    try:
+        args.press_ratios = press_ratios(args.press_ratios)
+    except ValueError as e:
+        p.error(f"--press-ratios {args.press_ratios}: {e}")
     if args.n < 1:
         p.error(f"--n {args.n}: give at least 1 example")
     if not Path(args.pick).is_file():

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from lazyllm import LazyLLM, Schedule
+from lazyllm.flops import ModelDims
 from lazyllm.methods import make_method
 from lazyllm.peers.tsp import TokenSelectivePropagation
 from lazyllm.text import StopCriteria
@@ -69,6 +71,22 @@ def test_kv_bytes_of_tsp_are_its_engine_cache() -> None:
     tokens, stored = _engine_cache(engine, torch.randint(0, 97, (1, 50)))
     assert table.kv_tokens(spec, tsp, 50, layers) == tokens
     assert sum(tokens) * table.bytes_per_token_layer(model) == stored
+
+
+def test_presses_run_at_the_ratios_asked(tiny_folder: Path) -> None:
+    pick = Schedule.from_layers(str(tiny_folder), 4, {1: 30})
+    dims = ModelDims.from_config(AutoConfig.from_pretrained(tiny_folder))
+    names = [
+        s.name
+        for s in table.plan(pick, str(tiny_folder), dims, [200], ["snapkv"], table.press_ratios("pick"))
+    ]
+    assert [n for n in names if n.startswith("kvpress")] == ["kvpress snapkv (pick's KV)"]
+    default = {s.name: s.ratio for s in table.plan(pick, str(tiny_folder), dims, [200], ["snapkv"])}
+    assert default["kvpress snapkv (50% KV)"] == 0.5 and 0 < default["kvpress snapkv (pick's KV)"] < 0.5
+    assert table.press_ratios("pick, 0.25") == [None, 0.25]
+    for bad in ("", "half", "1.5"):
+        with pytest.raises(ValueError):
+            table.press_ratios(bad)
 
 
 def test_the_split_cuts_the_prompt_before_its_question(tiny_folder: Path) -> None:
