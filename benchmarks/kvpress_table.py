@@ -55,7 +55,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -77,10 +77,14 @@ from tuner.evaluation.runner import (
     run_examples,
     score_prediction,
 )
+from tuner.report.figure import pyplot
 from tuner.stages.confirm import kl_so_far
 from tuner.statistics.bootstrap import Estimate, macro_weights
 from tuner.statistics.speed import SpeedMeasurement, measure_speedup, prefill_timer, resolve_clock
 from tuner.study.settings import EvalSettings
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PICK = "benchmarks/data/openqa-preset-2048-fastkv-2026-12-04/seed0.recommended.json"
@@ -568,9 +572,47 @@ class Table:
             bar.update(1)
 
 
+def figure(summary: Sequence[dict[str, Any]], title: str, budget: float = 2.0) -> Figure:
+    """Task loss (90% interval) against measured TTFT speedup, one point per timed row, each labelled
+    with its name and n, the loss ``budget`` drawn across."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8.4, 5.2))
+    for s in summary:
+        if s["ttft_speedup"] is None:
+            continue
+        loss = s["loss"]
+        marker = {"kvpress": "s", "lazyllm": "o"}[s["side"]]
+        color = "tab:red" if s["name"] == PICK else ("tab:green" if s["side"] == "kvpress" else "tab:blue")
+        ax.errorbar(
+            [s["ttft_speedup"]], [loss.value], yerr=[[loss.value - loss.low], [loss.high - loss.value]],
+            fmt=marker, color=color, capsize=3,
+        )  # fmt: skip
+        ax.annotate(
+            f"{s['name']} (n={s['n']})", (s["ttft_speedup"], loss.value), textcoords="offset points",
+            xytext=(5, 4), fontsize=7,
+        )  # fmt: skip
+    ax.axhline(budget, linestyle="--", color="grey", linewidth=1)
+    ax.annotate(
+        f"budget {budget:g} points", (ax.get_xlim()[0], budget), textcoords="offset points", xytext=(4, 3)
+    )
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.axvline(1, color="black", linewidth=0.5)
+    ax.set_xlabel("TTFT speedup, measured (x, against each side's unpruned prefill)")
+    ax.set_ylabel("task loss against the unpruned model (points, 90% interval)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def write_table(specs: Sequence[Spec], rows: Sequence[dict[str, Any]], path: Path, header: str) -> str:
-    text = header + markdown(summarize(rows, [s.name for s in specs]))
+    """The markdown table at ``path`` and its figure beside it (``.png``); returns the table."""
+    summary = summarize(rows, [s.name for s in specs])
+    text = header + markdown(summary)
     path.write_text(text)
+    if summary:
+        fig = figure(summary, header.split(";")[0])
+        fig.savefig(path.with_suffix(".png"), dpi=120)
+        pyplot().close(fig)
     return text
 
 

@@ -179,6 +179,7 @@ def test_a_run_records_every_row_and_resumes(tiny_folder: Path, tmp_path: Path) 
     names = list(json.loads(out.with_suffix(".methods.json").read_text()))
     assert {r["example"] for r in _rows(out)} == {table.SPEED} and len(_rows(out)) == len(names)
     assert out.with_suffix(".md").exists()  # the table of what there is
+    assert not out.with_suffix(".png").exists()  # no example yet: nothing to draw
     assert table.main(argv) == 0
     rows = _rows(out)
     assert {"unpruned", "tuned pick", "paper-style", "gemfilter (published)", "tsp (published)", table.VENV_CONTROL} <= set(names)  # fmt: skip
@@ -205,6 +206,7 @@ def test_a_run_records_every_row_and_resumes(tiny_folder: Path, tmp_path: Path) 
             assert r["kv_bytes"] < r["kv_bytes_unpruned"] and r["kl"] >= 0 and r["flop_speedup"] > 1
     markdown = out.with_suffix(".md").read_text()
     assert markdown.count("\n| ") == len(names) + 1 and "| 2 |" in markdown
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")  # the figure beside it
 
     before = out.read_bytes()
     assert table.main(argv) == 0  # nothing left: no row computed again, no worker started
@@ -238,3 +240,19 @@ def test_a_press_is_also_scored_against_its_own_venvs_unpruned_model() -> None:
     assert press["vs_pick"].value == 50.0 and press["vs_pick"].n == 2
     assert ours["vs_pick"].value == 0.0 and control["vs_pick"].value == 0.0
     assert table.markdown([press]).splitlines()[-1].split("|")[7].strip().startswith("50.00 [")
+
+
+def test_the_figure_draws_each_timed_row_with_its_n(tmp_path: Path) -> None:
+    rows = [
+        _row("tuned pick", "a", 1.0, "lazyllm"),
+        _row("tuned pick", "b", 0.0, "lazyllm"),
+        _row("press", "a", 0.0),
+    ]
+    summary = table.summarize(rows, ["tuned pick", "press"])
+    summary[0]["ttft_speedup"] = 1.5  # timed (the press is not)
+    fig = table.figure(summary, "title")
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert "tuned pick (n=2)" in labels and not any(t.startswith("press") for t in labels)  # press: not timed
+    specs = [table.Spec("tuned pick", "lazyllm", "lazyllm"), table.Spec("press", "kvpress", "press")]
+    table.write_table(specs, [], tmp_path / "t.md", "header; x\n\n")
+    assert not (tmp_path / "t.png").exists()  # no rows: nothing drawn
