@@ -593,7 +593,11 @@ def figure(summary: Sequence[dict[str, Any]], title: str, budget: float = 2.0) -
         )  # fmt: skip
     ax.axhline(budget, linestyle="--", color="grey", linewidth=1)
     ax.annotate(
-        f"budget {budget:g} points", (ax.get_xlim()[0], budget), textcoords="offset points", xytext=(4, 3)
+        f"budget {budget:g} points",
+        (ax.get_xlim()[1], budget),
+        textcoords="offset points",
+        xytext=(-4, 3),
+        ha="right",
     )
     ax.axhline(0, color="black", linewidth=0.5)
     ax.axvline(1, color="black", linewidth=0.5)
@@ -610,7 +614,7 @@ def write_table(specs: Sequence[Spec], rows: Sequence[dict[str, Any]], path: Pat
     text = header + markdown(summary)
     path.write_text(text)
     if summary:
-        fig = figure(summary, header.split(";")[0])
+        fig = figure(summary, header.split(", pick ")[0].split(";")[0])
         fig.savefig(path.with_suffix(".png"), dpi=120)
         pyplot().close(fig)
     return text
