@@ -12,10 +12,11 @@ Rows (:func:`plan`): the unpruned model; the tuned pick (``--pick``, default the
 rule with 20% dropped after layers 8, 15 and 22); paper-style (:meth:`lazyllm.Schedule.paper_style`);
 GemFilter and TSP (:mod:`lazyllm.peers`) at their published settings and at the pick's FLOP speedup
 (:func:`lazyllm.peers.match_speedup` at the median prompt length); every LazyLLM-side schedule with
-``frozen`` revival (what the study tunes). kvpress's SnapKVPress, ExpectedAttentionPress and TOVAPress at the
-KV memory the pick keeps (``compression_ratio`` = 1 - the pick's kept share of (token, layer) pairs at
-the median length) and at 50% (``--press-ratios``), plus ``unpruned (kvpress venv)``, the control: the same route without a
-press, in kvpress's venv. kvpress runs in ``.venv-kvpress`` (:mod:`kvpress_worker`, a subprocess).
+``frozen`` revival (what the study tunes). kvpress's SnapKVPress, ExpectedAttentionPress and TOVAPress
+at the KV memory the pick keeps (``compression_ratio`` = 1 - the pick's kept share of (token, layer)
+pairs at the median length) and at 50% (``--press-ratios`` sets which), plus ``unpruned (kvpress
+venv)``, the control: the same route without a press, in kvpress's venv. kvpress runs in
+``.venv-kvpress`` (:mod:`kvpress_worker`, a subprocess).
 
 kvpress compresses a *context* and then reads a *question* uncompressed (its pipeline's convention):
 each prompt is split (:func:`split_prompt`) at the last ``Question:`` of the template, so the question,
