@@ -36,7 +36,7 @@ from tuner.stages.decision import TrialTiming, decide, recommendation_certainty
 from tuner.stages.front import non_dominated, study_records
 from tuner.stages.heldout import heldout_check
 from tuner.stages.outcome import StudyOutcome
-from tuner.stages.pilot import PilotResult, run_pilot, wants_pilot
+from tuner.stages.pilot import PILOT_ATTR, PilotResult, run_pilot, stored_pilot, wants_pilot
 from tuner.stages.target import at_target, store_judged
 from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.study.records import TrialRecord, complete_trial_count
@@ -155,19 +155,25 @@ def open_session(settings: SearchSettings, *, device: str | None = None, progres
         model, tokenizer, settings.search_eval(), settings.study_dir / "cache", progress=progress
     )
     pilot, fidelity = None, None
-    if wants_pilot(settings):  # no --max-kl, no prior: measure the cap on this model before the study
-        fidelity = fidelity_of(settings, evaluator)
-        pilot = run_pilot(settings, model, tokenizer, fidelity)
-        if pilot.cap is not None:
-            settings = settings.with_cap(pilot.cap)
-    budget = Budget.from_settings(settings)  # the one conversion of the user's budget
     storage: optuna.storages.RDBStorage | None = None
     try:
         with study_lock(settings.study_dir):  # local workers starting together create stores one at a time
             storage = make_storage(
                 settings.storage_url, settings.heartbeat_interval, settings.heartbeat_grace
             )
+        if wants_pilot(settings):  # no --max-kl, no prior: the cap is measured on this model, once per study
+            fidelity = fidelity_of(settings, evaluator)
+            pilot = stored_pilot(settings, storage)
+            if pilot is None:  # a new study; a worker that started beside this one may store its pilot first
+                measured = run_pilot(settings, model, tokenizer, fidelity)
+                pilot = stored_pilot(settings, storage) or measured
+            if pilot.cap is not None:
+                settings = settings.with_cap(pilot.cap)
+        budget = Budget.from_settings(settings)  # the one conversion of the user's budget
+        with study_lock(settings.study_dir):
             study = open_study(settings, layers, storage)  # fails fast on a mismatched study
+            if pilot is not None and PILOT_ATTR not in study.user_attrs:  # resumes and other workers read it
+                study.set_user_attr(PILOT_ATTR, pilot.to_dict())
             tracker = None
             if wanted(settings):
                 prepare_mlflow_store(tracking_uri)  # a new SQLite store is made atomically (Ctrl-C safe)

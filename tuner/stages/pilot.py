@@ -15,15 +15,22 @@ estimator at ``--calibration-exponent``) gives the cap as a prior's slope would:
 the cap only steers exploration, and the decision is still the study's calibration at the end.
 
 Where the pilot measures no cost of KL (its slope is 0 or below: answers that did not change, or
-too few examples), the constant stays, as the last resort, and the report says so. The pilot is
-deterministic (same examples, same schedules, same model), so a resumed study measures the same cap
-and matches the identity it was created with.
+too few examples), the constant stays, as the last resort, and the report says so. The pilot runs
+once per study: what it measured is stored with the study (user attr :data:`PILOT_ATTR`), and a
+resumed run or another worker on the same storage reads it back (:func:`stored_pilot`) rather than
+measure again. Measuring again would cost the pilot's prefills each time, and on other hardware or
+another thread count low-precision forwards are not bit-stable, so a cap measured again could differ
+in its last digits from the one in the study's identity and refuse the worker.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import optuna
 
 from lazyllm.engine import LazyLLM
 from lazyllm.schedule import Schedule
@@ -35,6 +42,9 @@ from tuner.study.settings import SearchSettings
 
 PILOT = ("paper-style", "one-stage keep=50% after a quarter", "one-stage keep=30% after half")
 """The pilot's schedules, by name (:func:`pilot_schedules`)."""
+
+PILOT_ATTR = "pilot"
+"""The study's user attr holding :meth:`PilotResult.to_dict`, written when the study is created."""
 
 
 def pilot_schedules(model_name: str, layers: int) -> dict[str, Schedule]:
@@ -61,21 +71,34 @@ class PilotResult:
         slope: the pooled slope (points per nat^``exponent``; None: no schedule drifted).
         points: ``(name, mean KL in nats, mean task loss in points)`` per schedule.
         n: validation examples each was scored on.
+        stored: read back from the study (:func:`stored_pilot`), measured when it was created.
     """
 
     cap: SearchCap | None
     slope: float | None
     points: tuple[tuple[str, float, float], ...]
     n: int
+    stored: bool = False
 
     def text(self) -> str:
         """One line for the console and the report."""
         seen = "; ".join(
             f"{name}: KL {kl:.4f} nats, task loss {loss:.2f} points" for name, kl, loss in self.points
         )
+        when = " (read from the study: measured when it was created)" if self.stored else ""
         if self.cap is None:
-            return f"pilot on {self.n} validation examples ({seen}): no cost of KL measured, the constant cap stays"
-        return f"pilot on {self.n} validation examples ({seen}): slope {self.slope:.2f} points per nat^p"
+            return (
+                f"pilot on {self.n} validation examples ({seen}): no cost of KL measured, the constant cap "
+                f"stays{when}"
+            )
+        return (
+            f"pilot on {self.n} validation examples ({seen}): slope {self.slope:.2f} points per nat^p{when}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the study stores (:data:`PILOT_ATTR`): the measurement, not the cap, which the budget
+        and the calibration's exponent give again (:func:`stored_pilot`)."""
+        return {"slope": self.slope, "points": [list(p) for p in self.points], "n": self.n}
 
 
 def wants_pilot(settings: SearchSettings) -> bool:
@@ -127,3 +150,36 @@ def run_pilot(
         None if slope is None else pilot_cap(settings.max_accuracy_loss, slope, settings.calibration_exponent)
     )
     return PilotResult(cap, slope, tuple(points), len(examples))
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def stored_pilot(settings: SearchSettings, storage: optuna.storages.BaseStorage) -> PilotResult | None:
+    """The pilot the study ``settings.name`` stored when it was created, with the cap it gives under
+    ``settings`` (the same as then unless the budget or the exponent changed, which the study's
+    identity then refuses); None where there is no such study, or it stored no pilot (then the pilot
+    runs)."""
+    try:
+        study_id = storage.get_study_id_from_name(settings.name)
+    except KeyError:
+        return None
+    data = storage.get_study_user_attrs(study_id).get(PILOT_ATTR)
+    if not isinstance(data, Mapping):
+        return None
+    slope, points, n = data.get("slope"), data.get("points"), data.get("n")
+    if not (slope is None or _number(slope)) or not isinstance(points, list):
+        return None
+    if isinstance(n, bool) or not isinstance(n, int):
+        return None
+    rows = [tuple(p) for p in points if isinstance(p, list) and len(p) == 3]
+    if len(rows) != len(points) or not all(
+        isinstance(a, str) and _number(b) and _number(c) for a, b, c in rows
+    ):
+        return None
+    cap = (
+        None if slope is None else pilot_cap(settings.max_accuracy_loss, slope, settings.calibration_exponent)
+    )
+    measured = tuple((str(a), float(b), float(c)) for a, b, c in rows)
+    return PilotResult(cap, None if slope is None else float(slope), measured, n, stored=True)

@@ -2,7 +2,8 @@
 
 The cap's arithmetic is checked against the prior's formula; the wiring with a real study on a tiny
 random model (no prior: the pilot runs, and where it measures no cost of KL the constant stays and
-the report says so); a measured cap reaches the budget and the study's identity.
+the report says so); a measured cap reaches the budget and the study's identity; a resumed study
+reads the pilot it stored instead of measuring again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from tests.support import longbench_dir
 from tuner.evaluation.losses import Budget
 from tuner.search import main
-from tuner.stages.pilot import PILOT, pilot_schedules, wants_pilot
+from tuner.stages.pilot import PILOT, PILOT_ATTR, pilot_schedules, stored_pilot, wants_pilot
 from tuner.statistics.cap import CAP_MARGIN, KL_PER_POINT, SearchCap, pilot_cap
 from tuner.study.settings import SearchSettings
 
@@ -69,4 +70,58 @@ def test_a_study_on_a_model_without_a_prior_runs_the_pilot_and_says_what_set_the
         )
     else:
         assert source == "pilot"
-    assert main(argv) == 0  # resumed: the pilot measures the same cap, so the identity matches
+    assert study.user_attrs[PILOT_ATTR]["n"] == 4
+
+
+def test_a_resumed_study_reads_its_pilot_instead_of_measuring_it_again(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--model", str(tiny_folder), "--task", "hotpotqa", "--n-examples", "2", "--max-prompt-tokens", "96",
+        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(tmp_path), "--study-name", "s",
+        "--sampler", "random", "--tracking-uri", "none", "--n-trials", "1", "--no-heldout",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    # what another machine's pilot might have measured: a slope no forward of this one gives, and the cap
+    # it sets in the identity; a worker that measured again would find its own cap and be refused
+    cap = pilot_cap(2.0, 7.5, SearchSettings().calibration_exponent)
+    assert cap is not None
+    study.set_user_attr(PILOT_ATTR, {"slope": 7.5, "points": [["paper-style", 0.01, 0.5]], "n": 99})
+    study.set_user_attr(
+        "identity", study.user_attrs["identity"] | {"search_cap": cap.nats, "search_cap_source": "pilot"}
+    )
+    assert main([*argv, "--n-trials", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "pilot on 99 validation examples (paper-style: KL 0.0100 nats" in out
+    assert "read from the study: measured when it was created" in out
+    identity = optuna.load_study(
+        study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"
+    ).user_attrs["identity"]
+    assert (identity["search_cap"], identity["search_cap_source"]) == (cap.nats, "pilot")
+
+
+def test_a_stored_pilot_is_read_only_where_it_is_whole(tmp_path: Path) -> None:
+    settings = SearchSettings(model=str(tmp_path), study_name="s")
+    storage = optuna.storages.InMemoryStorage()
+    assert stored_pilot(settings, storage) is None  # no study yet: the pilot runs
+    study = optuna.create_study(study_name=settings.name, storage=storage)
+    assert stored_pilot(settings, storage) is None  # a study stored before pilots were kept
+    for broken in (
+        [1],
+        {"slope": "7.5", "points": [], "n": 3},
+        {"slope": float("nan"), "points": [], "n": 3},
+        {"slope": 7.5, "points": [["a", 0.1]], "n": 3},
+        {"slope": 7.5, "points": [["a", 0.1, True]], "n": 3},
+        {"slope": 7.5, "points": [], "n": True},
+    ):
+        study.set_user_attr(PILOT_ATTR, broken)
+        assert stored_pilot(settings, storage) is None, broken
+    study.set_user_attr(PILOT_ATTR, {"slope": 7.5, "points": [["a", 0.1, 1]], "n": 3})
+    pilot = stored_pilot(settings, storage)
+    assert pilot is not None and pilot.stored and pilot.points == (("a", 0.1, 1.0),) and pilot.n == 3
+    assert pilot.cap == pilot_cap(settings.max_accuracy_loss, 7.5, settings.calibration_exponent)
+    study.set_user_attr(PILOT_ATTR, {"slope": None, "points": [], "n": 3})  # measured no cost of KL
+    pilot = stored_pilot(settings, storage)
+    assert pilot is not None and pilot.cap is None and "the constant cap stays" in pilot.text()
