@@ -47,14 +47,19 @@ def test_a_measured_cap_is_the_budget_and_the_identity(tmp_path: Path) -> None:
     assert (identity["search_cap"], identity["search_cap_source"]) == (0.0123, "pilot")
 
 
+def _study_argv(model: Path, out: Path, tasks: str, *, n_trials: int) -> list[str]:
+    """A tiny study on a model with no prior (so its cap comes from the pilot): study ``s`` in ``out``."""
+    return [
+        "--model", str(model), "--task", tasks, "--n-examples", "2", "--max-prompt-tokens", "96",
+        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(out), "--study-name", "s",
+        "--sampler", "random", "--tracking-uri", "none", "--n-trials", str(n_trials), "--no-heldout",
+    ]  # fmt: skip
+
+
 def test_a_study_on_a_model_without_a_prior_runs_the_pilot_and_says_what_set_the_cap(
     tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = [
-        "--model", str(tiny_folder), "--task", "hotpotqa,trec", "--n-examples", "2", "--max-prompt-tokens", "96",
-        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(tmp_path), "--study-name", "s",
-        "--sampler", "random", "--tracking-uri", "none", "--n-trials", "2", "--no-heldout",
-    ]  # fmt: skip
+    argv = _study_argv(tiny_folder, tmp_path, "hotpotqa,trec", n_trials=2)
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "pilot on 4 validation examples" in out
@@ -76,11 +81,7 @@ def test_a_study_on_a_model_without_a_prior_runs_the_pilot_and_says_what_set_the
 def test_a_resumed_study_reads_its_pilot_instead_of_measuring_it_again(
     tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = [
-        "--model", str(tiny_folder), "--task", "hotpotqa", "--n-examples", "2", "--max-prompt-tokens", "96",
-        "--max-new-tokens", "2", "--data-dir", longbench_dir(), "--output", str(tmp_path), "--study-name", "s",
-        "--sampler", "random", "--tracking-uri", "none", "--n-trials", "1", "--no-heldout",
-    ]  # fmt: skip
+    argv = _study_argv(tiny_folder, tmp_path, "hotpotqa", n_trials=1)
     assert main(argv) == 0
     capsys.readouterr()
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
