@@ -146,10 +146,14 @@ def run_pilot(
         exponent=settings.calibration_exponent,
     )  # fmt: skip
     slope = None if calibration is None else calibration.slope
-    cap = (
-        None if slope is None else pilot_cap(settings.max_accuracy_loss, slope, settings.calibration_exponent)
-    )
-    return PilotResult(cap, slope, tuple(points), len(examples))
+    return PilotResult(_cap(settings, slope), slope, tuple(points), len(examples))
+
+
+def _cap(settings: SearchSettings, slope: float | None) -> SearchCap | None:
+    """The cap a pilot's slope gives under ``settings`` (None where no schedule drifted)."""
+    if slope is None:
+        return None
+    return pilot_cap(settings.max_accuracy_loss, slope, settings.calibration_exponent)
 
 
 def _number(value: object) -> bool:
@@ -178,8 +182,6 @@ def stored_pilot(settings: SearchSettings, storage: optuna.storages.BaseStorage)
         isinstance(a, str) and _number(b) and _number(c) for a, b, c in rows
     ):
         return None
-    cap = (
-        None if slope is None else pilot_cap(settings.max_accuracy_loss, slope, settings.calibration_exponent)
-    )
     measured = tuple((str(a), float(b), float(c)) for a, b, c in rows)
-    return PilotResult(cap, None if slope is None else float(slope), measured, n, stored=True)
+    stored = None if slope is None else float(slope)
+    return PilotResult(_cap(settings, stored), stored, measured, n, stored=True)
