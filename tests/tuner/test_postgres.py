@@ -1,4 +1,4 @@
-"""Many workers on one study in a real PostgreSQL: counts, a killed worker, Ctrl-C and resume.
+"""Many workers on one study in a real PostgreSQL: counts, a killed worker, Ctrl-C and resume, a shared pilot.
 
 CI starts PostgreSQL (see .ci/run) and these tests must run there; elsewhere they skip with the
 reason when no server answers at $LAZYLLM_TEST_POSTGRES.
@@ -23,6 +23,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tests.support import assert_evaluated_once, longbench_dir, n_warm_starts
 from tuner.search import main
+from tuner.stages.pilot import PILOT_ATTR
+from tuner.statistics.cap import pilot_cap
+from tuner.study.settings import SearchSettings
 from tuner.tracking.runs import EXPERIMENT
 
 BASE = os.environ.get("LAZYLLM_TEST_POSTGRES", "postgresql+psycopg://lazyllm:lazyllm@127.0.0.1:5432/postgres")
@@ -230,6 +233,39 @@ def test_ctrl_c_then_rerun_resumes(tiny_folder: Path, tmp_path: Path, pg_url: st
     after = _trials(pg_url)
     assert len([t for t in after if t.state == TrialState.COMPLETE]) == 4
     assert {n: after[n].params for n in done_before} == done_before  # nothing redone
+
+
+def test_two_worker_processes_read_the_pilot_their_study_stored(
+    tiny_folder: Path, tmp_path: Path, pg_url: str
+) -> None:
+    # the tiny model has no packaged prior: the first worker runs the pilot and stores it with the study
+    first = _spawn(_argv(tiny_folder, tmp_path, pg_url, 2, "--tracking-uri", "none"), tmp_path / "first.log")
+    assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    assert "pilot on 11 validation examples" in (tmp_path / "first.log").read_text()
+    # what a pilot on another machine might have measured: a slope no forward here gives, and the cap it
+    # sets in the identity; a worker that measured the pilot again would find its own cap and be refused
+    cap = pilot_cap(2.0, 7.5, SearchSettings().calibration_exponent)
+    assert cap is not None
+    with _storage(pg_url) as storage:
+        study = optuna.load_study(study_name="pg", storage=storage)
+        study.set_user_attr(PILOT_ATTR, {"slope": 7.5, "points": [["paper-style", 0.01, 0.5]], "n": 99})
+        study.set_user_attr(
+            "identity", study.user_attrs["identity"] | {"search_cap": cap.nats, "search_cap_source": "pilot"}
+        )
+    argv = _argv(tiny_folder, tmp_path, pg_url, 6, "--tracking-uri", "none")
+    workers = [_spawn(argv, tmp_path / f"worker{i}.log") for i in range(2)]  # two processes at once
+    for i, p in enumerate(workers):
+        assert p.wait(timeout=300) == 0, (tmp_path / f"worker{i}.log").read_text()[-3000:]
+    for i in range(2):
+        log = (tmp_path / f"worker{i}.log").read_text()
+        assert "pilot on 99 validation examples (paper-style: KL 0.0100 nats" in log, log[-3000:]
+        assert "read from the study: measured when it was created" in log
+    with _storage(pg_url) as storage:
+        study = optuna.load_study(study_name="pg", storage=storage)
+        identity = study.user_attrs["identity"]
+        finished = [t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert (identity["search_cap"], identity["search_cap_source"]) == (cap.nats, "pilot")
+    assert len(finished) == 6
 
 
 def test_unreachable_storage_is_a_clear_error(
