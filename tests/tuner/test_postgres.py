@@ -210,11 +210,11 @@ def test_killed_worker_trial_is_retried(tiny_folder: Path, tmp_path: Path, pg_ur
     assert trials[killed[0]].state == TrialState.FAIL  # its heartbeat went stale
     retried = [t for t in finished if t.system_attrs.get("failed_trial") == killed[0]]
     assert len(retried) == 1
-    victim = trials[killed[0]]
+    dead = trials[killed[0]]
     # the kill may land between two of its suggestions: whatever it had drawn, the retry draws alike
-    assert victim.params.items() <= retried[0].params.items(), (victim.params, retried[0].params)
+    assert dead.params.items() <= retried[0].params.items(), (dead.params, retried[0].params)
     # a queued (warm start) trial is retried with all of its queued parameters
-    fixed = victim.system_attrs.get("fixed_params")
+    fixed = dead.system_attrs.get("fixed_params")
     if fixed:
         assert retried[0].params == fixed
 
