@@ -12,9 +12,12 @@ of more tokens keeps more of them). So nothing is *decided* at the short length:
    nearest the search length; ``--max-kl`` or the constant otherwise). The speed objective is the FLOP
    model at the target budget, ``max_prompt_tokens`` (what the prompts are cut or built to), so the
    front's speeds are the target's.
-2. **This step**: every schedule of the feasible front that drifts (KL > 0) is measured again on the same
-   validation examples at ``max_prompt_tokens`` (:meth:`tuner.stages.trial.TrialRunner.at_target`:
-   their own unpruned prefill, answer and reference), fastest first. Each becomes a record with the
+2. **This step**: every schedule of the front of complete trials that drifts (KL > 0) is measured
+   again on the same validation examples at ``max_prompt_tokens``
+   (:meth:`tuner.stages.trial.TrialRunner.at_target`: their own unpruned prefill, answer and
+   reference), fastest first: the feasible front, and the complete trials faster than it whose bound
+   went over the cap at the short length (the same schedule drifts less on longer prompts, so the
+   short cap alone would keep them from a target where they may fit). Each becomes a record with the
    target KL (its per-example values and bound); one whose KL goes over the cap there, or that a
    faster one measured here confidently beats (dominated, as in a search), stops early as a trial
    would, and leaves the front. Keep-all (KL exactly 0 at any length) is kept as it is.
@@ -27,9 +30,10 @@ of more tokens keeps more of them). So nothing is *decided* at the short length:
 The cap is read at two lengths on purpose: it is in the units of the trials' KL for the search, and
 the same number bounds the target KL for feasibility in step 2. Where drift shrinks with length (as
 measured for SmolLM2: docs/tuning.md#multi-fidelity-search) this is conservative: a schedule that
-fits the cap at the short length tends to fit it at the target, and a schedule the short cap stopped
-is never seen, so the search may miss fast schedules that would have fitted at the target; it never
-lets an unmeasured one through. The hand-made schedules of the held-out check are picked on the
+fits the cap at the short length tends to fit it at the target. A complete trial the short cap made
+infeasible is measured at the target in step 2 and may fit there; a trial the cap stopped early is
+never seen, so the search may still miss fast schedules that would have fitted at the target; it
+never lets an unmeasured one through. The hand-made schedules of the held-out check are picked on the
 search's short-length KLs (the ones the study holds), then scored and timed at the target like the
 pick.
 """
@@ -43,8 +47,8 @@ from typing import Any
 
 import optuna
 
-from tuner.evaluation.losses import Rival
-from tuner.stages.front import feasible_front
+from tuner.evaluation.losses import Loss, Rival
+from tuner.stages.front import feasible, feasible_front, non_dominated
 from tuner.stages.trial import TrialRunner
 from tuner.study.records import TrialRecord, complete_trial_count
 
@@ -59,12 +63,14 @@ class AtTarget:
 
     Attributes:
         runner: the study on the search's examples at ``max_prompt_tokens`` (what the decision reads).
-        records: the search's feasible front, each drifting record replaced by its target one (what
-            the decision reads: a record off that front, measured only at the search length, would
-            sit among target KLs at another length's).
+        records: the front of the search's complete trials (the feasible front and the faster trials
+            the short cap made infeasible), each drifting record replaced by its target one (what the
+            decision reads: a record off that front, measured only at the search length, would sit
+            among target KLs at another length's).
         measured: ``(trial, KL at the search length, KL at the target or None where it stopped)`` per
             re-measured record, fastest first (nats of mean KL per answer token).
         search_tokens: the trials' prompt length; ``target_tokens``: the decision's.
+        over_cap: the trials among ``records`` whose bound was over the cap at the search length.
     """
 
     runner: TrialRunner
@@ -72,16 +78,22 @@ class AtTarget:
     measured: tuple[tuple[int, float, float | None], ...]
     search_tokens: int
     target_tokens: int
+    over_cap: tuple[int, ...] = ()
 
     def note(self) -> str:
         """One line for the report: what was measured where."""
         kls = ", ".join(
-            f"#{n} {short:.4f} -> {'stopped' if long is None else f'{long:.4f}'}"
+            f"#{n} {short:.4f}{'*' if n in self.over_cap else ''} -> {'stopped' if long is None else f'{long:.4f}'}"
             for n, short, long in self.measured
         )
+        over = (
+            f" ({len(self.over_cap)} of them, starred, over the search cap at {self.search_tokens} tokens)"
+            if self.over_cap
+            else ""
+        )
         return (
-            f"multi-fidelity search: trials on {self.search_tokens}-token prompts; the feasible front's "
-            f"{len(self.measured)} drifting schedules measured again at {self.target_tokens} tokens on the "
+            f"multi-fidelity search: trials on {self.search_tokens}-token prompts; the front's "
+            f"{len(self.measured)} drifting schedules{over} measured again at {self.target_tokens} tokens on the "
             f"same {len(self.runner.evaluator.examples)} validation examples (KL nats, search -> target: "
             f"{kls}); the calibration, fresh-drift check, held-out check and decision ran at "
             f"{self.target_tokens} tokens"
@@ -89,11 +101,13 @@ class AtTarget:
 
 
 def at_target(records: Sequence[TrialRecord], runner: TrialRunner) -> AtTarget:
-    """Measure the feasible front of ``records`` (from ``runner``, the search at its short length)
-    again at ``max_prompt_tokens`` (see the module docstring)."""
+    """Measure the front of ``records`` (from ``runner``, the search at its short length) again at
+    ``max_prompt_tokens``: its feasible front and the faster complete trials over the short cap (see
+    the module docstring)."""
     target = runner.at_target()
     loss = runner.search_loss
-    front = feasible_front(records, loss)
+    front = target_front(records, loss)
+    ok = {r.number for r in feasible(records, loss)}
     again: dict[int, TrialRecord] = {}
     measured: list[tuple[int, float, float | None]] = []
     for r in front:
@@ -127,7 +141,19 @@ def at_target(records: Sequence[TrialRecord], runner: TrialRunner) -> AtTarget:
         tuple(measured),
         short,
         runner.settings.max_prompt_tokens,
+        tuple(r.number for r in front if r.number not in ok),
     )
+
+
+def target_front(records: Sequence[TrialRecord], loss: Loss) -> list[TrialRecord]:
+    """What step 2 measures at the target, fastest first: the feasible front, and the complete
+    records faster than its fastest that are over ``loss``'s cap at the search length, those of them
+    no faster record beats on both objectives."""
+    front = feasible_front(records, loss)
+    floor = front[0].values[0] if front else 0.0
+    on = {r.number for r in front}
+    faster = [r for r in non_dominated(records) if r.values[0] > floor and r.number not in on]
+    return faster + front
 
 
 def store_judged(study: optuna.Study, found: AtTarget) -> None:

@@ -8,14 +8,17 @@ study's trial KLs are an independent measurement of what the multi-fidelity stud
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import optuna
 import pytest
 
-from tests.support import longbench_dir
+from tests.support import hand_record, longbench_dir
+from tuner.evaluation.losses import FidelityLoss
 from tuner.export import main as export
 from tuner.search import main
+from tuner.stages.target import target_front
 from tuner.study.records import TrialRecord, schedule_key
 from tuner.study.settings import SearchSettings
 
@@ -77,6 +80,41 @@ def test_trials_run_short_and_the_decision_reads_the_target_kl(tiny_folder: Path
     assert again["trial"] == meta["trial"]
     assert again["metrics"]["kl"] == pytest.approx(meta["metrics"]["kl"], rel=1e-9, abs=1e-15)
     assert any(f"trials on {SHORT}-token prompts" in n for n in again.get("notes", []))
+
+
+def test_the_target_measures_the_trials_faster_than_the_feasible_front_too() -> None:
+    # (speedup, loss, bound) per trial: 5 and 3 are faster than the feasible front and over a cap of 1;
+    # 2 is over it too, but slower than the feasible front's fastest (1), so the target never needs it
+    points = [(1.0, 0.0, 0.01), (1.5, 1.0, 1.01), (1.4, 0.5, 3.0), (2.0, 3.0, 3.01), (1.2, -0.5, -0.49),
+              (2.5, 4.0, 4.01)]  # fmt: skip
+    records = [
+        hand_record(i, s, kl, (0.0, 10.0 * i, 5.0, 0.0), upper=up) for i, (s, kl, up) in enumerate(points)
+    ]
+    assert [r.number for r in target_front(records, FidelityLoss(1.01))] == [5, 3, 1, 4]
+    # a looser cap: 2 and 3 fit at the short length, 5 is still faster and over it
+    assert [r.number for r in target_front(records, FidelityLoss(3.02))] == [5, 3, 1, 2, 4]
+    # cap 0: only trial 4 (its bound below 0) fits; every faster front member is measured
+    assert [r.number for r in target_front(records, FidelityLoss(0.0))] == [5, 3, 1, 2, 4]
+
+
+def test_a_trial_over_the_short_cap_is_measured_at_the_target(tiny_folder: Path, tmp_path: Path) -> None:
+    mf = ("--search-prompt-tokens", str(SHORT))
+    # the same trials twice (same seed): first under a cap every one fits, to read their KLs
+    assert main(_argv(tiny_folder, tmp_path, "probe", *mf)) == 0
+    fastest = max(
+        (r for r in _records(tmp_path / "probe") if r.values[1] > 0 and r.loss is not None),
+        key=lambda r: r.values[0],
+    )
+    assert fastest.loss is not None and fastest.loss.value < fastest.loss.upper
+    # then under a cap between the fastest trial's KL and its bound: it completes, infeasible at 64 tokens
+    cap = (fastest.loss.value + fastest.loss.upper) / 2
+    assert main([*_argv(tiny_folder, tmp_path, "mf", *mf), "--max-kl", repr(cap)]) == 0
+    again = {r.number: r for r in _records(tmp_path / "mf")}[fastest.number]
+    assert again.values == fastest.values  # the same trial, complete, over the cap
+    meta = json.loads((tmp_path / "mf" / "recommended.json").read_text())["metadata"]
+    note = next(n for n in meta["notes"] if n.startswith("multi-fidelity search"))
+    assert "starred, over the search cap at 64 tokens" in note, note
+    assert re.search(rf"#{fastest.number} [0-9.]+\* -> ", note), note  # measured again at the target
 
 
 @pytest.mark.parametrize(
