@@ -48,7 +48,7 @@ from typing import Any
 import optuna
 
 from tuner.evaluation.losses import Loss, Rival
-from tuner.stages.front import feasible, feasible_front, non_dominated
+from tuner.stages.front import feasible_front, non_dominated
 from tuner.stages.trial import TrialRunner
 from tuner.study.records import TrialRecord, complete_trial_count
 
@@ -107,7 +107,6 @@ def at_target(records: Sequence[TrialRecord], runner: TrialRunner) -> AtTarget:
     target = runner.at_target()
     loss = runner.search_loss
     front = target_front(records, loss)
-    ok = {r.number for r in feasible(records, loss)}
     again: dict[int, TrialRecord] = {}
     measured: list[tuple[int, float, float | None]] = []
     for r in front:
@@ -141,7 +140,7 @@ def at_target(records: Sequence[TrialRecord], runner: TrialRunner) -> AtTarget:
         tuple(measured),
         short,
         runner.settings.max_prompt_tokens,
-        tuple(r.number for r in front if r.number not in ok),
+        tuple(r.number for r in front if r.loss is None or not loss.within(r.loss)),
     )
 
 
