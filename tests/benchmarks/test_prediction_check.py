@@ -1,0 +1,136 @@
+"""benchmarks/prediction_check.py: a study's predicted loss for its pick (the calibration's own
+function) against the pick's test loss (the product's estimator), the unpruned-score draws, pools of
+picks on the same records, and clear refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import load_benchmark
+from tuner.evaluation.runner import ExampleResult, loss_estimate
+from tuner.statistics.calibration import Calibration, Floor
+
+
+def _calibration(slope: float, baseline_score: float | None) -> Calibration:
+    floor = Floor(
+        prior="p",
+        prior_n_examples=200,
+        prior_slope=slope,
+        prior_upper=slope + 1.0,
+        prior_upper_confidence=slope + 2.0,
+        own_slope=-1.0,
+        own_upper=0.0,
+        own_upper_confidence=0.5,
+        examples_needed=None,
+        applied=True,
+        scale=0.5,
+        baseline_score=baseline_score,
+    )
+    return Calibration(
+        slope=slope,
+        slope_upper=slope + 1.0,
+        level=0.6,
+        n_examples=4,
+        trials=(1, 2),
+        max_scored_kl=0.5,
+        points=((1, 0.5, -1.0), (2, 0.01, 0.0)),
+        confidence=0.9,
+        slope_upper_confidence=slope + 2.0,
+        floor=floor,
+        exponent=0.5,
+    )
+
+
+def _rows(scores: list[float], method: str) -> list[ExampleResult]:
+    return [
+        ExampleResult(f"d{i % 2}", f"q{i}", method, "", s, 0.1, 0.2, 100, 4, 0.5)
+        for i, s in enumerate(scores)
+    ]
+
+
+def _study(folder: Path, *, kl: float, pick_scores: list[float], baseline_score: float | None = 10.0) -> Path:
+    folder.mkdir(parents=True)
+    conf = {
+        "recommended_trial": 7,
+        "calibration": _calibration(4.0, baseline_score).to_dict(),
+        "candidates": [{"trial": 9, "search_loss": 0.9}, {"trial": 7, "search_loss": kl}],
+    }
+    (folder / "confirmation.json").write_text(json.dumps(conf))
+    base = _rows([0.5, 0.3, 0.1, 0.2, 0.4, 0.6] * 3, "baseline")
+    (folder / "test.baseline.jsonl").write_text(ExampleResult.to_jsonl(base))
+    (folder / "test.lazyllm.jsonl").write_text(ExampleResult.to_jsonl(_rows(pick_scores, "lazyllm")))
+    return folder
+
+
+BASE = [0.5, 0.3, 0.1, 0.2, 0.4, 0.6] * 3
+
+
+def test_prediction_is_the_calibrations_and_the_test_loss_the_products(tmp_path: Path) -> None:
+    bench = load_benchmark("prediction_check")
+    worse = [s - 0.05 for s in BASE]  # 5 points lost on every record
+    study = bench.read_study("a", _study(tmp_path / "a", kl=0.04, pick_scores=worse))
+    c = bench.check(study, n_draws=500)
+    assert c.trials == (7,) and c.kl == 0.04  # the recommended trial's KL, not the other candidate's
+    assert (c.predicted, c.bound) == pytest.approx((4.0 * 0.2, 5.0 * 0.2))  # slope x KL^0.5
+    assert c.bound_confidence == pytest.approx(6.0 * 0.2)
+    assert c.test == loss_estimate(study.pick, study.baseline)
+    assert c.test.value == pytest.approx(5.0) and not c.inside  # 0.8 predicted, 5 lost everywhere
+    assert c.test_unpruned == pytest.approx(35.0)
+    # 4 calibration examples over 2 datasets: draws of 2 per dataset; a validation score of 10 is below
+    # every draw's (the lowest pair per dataset averages 15 and 25 points), so no draw is at or below it
+    assert c.draws is not None and c.draws.per_dataset == 2 and c.draws.at_or_below == 0.0
+    assert 15.0 <= c.draws.low <= c.draws.high <= 55.0
+    high = bench.check(
+        bench.read_study("h", _study(tmp_path / "h", kl=0.04, pick_scores=worse, baseline_score=60.0)),
+        n_draws=500,
+    )
+    assert high.draws is not None and high.draws.at_or_below == 1.0
+    unscaled = bench.read_study("u", _study(tmp_path / "u", kl=0.04, pick_scores=worse, baseline_score=None))
+    assert bench.check(unscaled, n_draws=500).draws is None
+
+
+def test_a_pool_averages_its_picks_per_record(tmp_path: Path) -> None:
+    bench = load_benchmark("prediction_check")
+    a = bench.read_study("a", _study(tmp_path / "a", kl=0.04, pick_scores=[s - 0.02 for s in BASE]))
+    b = bench.read_study("b", _study(tmp_path / "b", kl=0.16, pick_scores=[s - 0.06 for s in BASE]))
+    pool = bench.pooled("ab", [a, b])
+    assert pool.trials == (7, 7) and pool.test.value == pytest.approx(4.0)  # (2 + 6) / 2 points
+    assert pool.predicted == pytest.approx((0.8 + 1.6) / 2)
+    other = dataclasses.replace(b, pick=b.pick[:-1])
+    with pytest.raises(ValueError, match="different test records"):
+        bench.pooled("ab", [a, other])
+
+
+def test_cli_writes_the_table_and_the_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_benchmark("prediction_check")
+    a = _study(tmp_path / "a", kl=0.04, pick_scores=BASE)
+    b = _study(tmp_path / "b", kl=0.16, pick_scores=[s - 0.01 for s in BASE])
+    out = tmp_path / "out"
+    assert bench.main([f"a={a}", f"b={b}", "--pool", "ab=a,b", "--draws", "200", "--out-dir", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| a | #7 | 0.0400 | 0.80 [1.00, 1.20] | 0.00 [0.00, 0.00] | 18 | no |" in text
+    assert "| ab | mean of #7, #7 |" in text
+    assert (out / "rows.md").read_text() == text
+    assert [r["name"] for r in json.loads((out / "rows.json").read_text())] == ["a", "b", "ab"]
+    assert (out / "check.png").stat().st_size > 1000
+
+
+def test_bad_input_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_benchmark("prediction_check")
+    a = _study(tmp_path / "a", kl=0.04, pick_scores=BASE)
+    (tmp_path / "empty").mkdir()
+    for argv, message in [
+        ([f"e={tmp_path / 'empty'}"], "has no confirmation.json"),
+        ([str(a)], "is not NAME=VALUE"),
+        ([f"a={a}", "--pool", "p=a,zz"], "names 'zz'"),
+    ]:
+        assert bench.main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    (a / "test.lazyllm.jsonl").unlink()
+    assert bench.main([f"a={a}"]) == 2
+    assert "lacks test.lazyllm.jsonl" in capsys.readouterr().err
