@@ -89,6 +89,12 @@ def _floor_sentence(d: Decision, cal: Calibration) -> str:
         ""
         if f.baseline_score is None
         else f" at this study's unpruned score {f.baseline_score:.1f}, {f.scale:.2f}x the grid's"
+        + (
+            ""
+            if f.baseline_upper_confidence is None or cal.confidence is None
+            else f"; its {cal.confidence:.0%} bound at the score's {cal.confidence:.0%} bound "
+            f"{f.baseline_upper_confidence:.1f} (n={cal.n_examples})"
+        )
     )
     prior = f"the open-QA prior {f.prior} ({f.prior_slope:.1f}, bound {f.prior_upper:.1f}{read}, n={f.prior_n_examples})"
     if f.examples_needed is None and f.largest_replayed is None:

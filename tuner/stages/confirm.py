@@ -33,7 +33,7 @@ from tuner.data.embedded import PACKAGED
 from tuner.data.longbench import OPENQA_DATASETS
 from tuner.evaluation.fidelity import ExampleDrift, FidelityEvaluator
 from tuner.evaluation.losses import ScoreLoss
-from tuner.evaluation.runner import build_examples, loss_estimate, macro_score
+from tuner.evaluation.runner import ExampleResult, build_examples, loss_estimate, macro_score
 from tuner.stages.front import feasible_front
 from tuner.stages.rule import (
     FreshKL,
@@ -46,7 +46,7 @@ from tuner.stages.rule import (
 )
 from tuner.stages.trial import TrialRunner, fidelity_of
 from tuner.statistics.bootstrap import Estimate, macro_weights
-from tuner.statistics.calibration import Calibration, ScoredSchedule
+from tuner.statistics.calibration import Calibration, ScoredSchedule, UnprunedScore
 from tuner.study.records import TrialRecord, complete_trial_count
 from tuner.study.settings import EvalSettings
 
@@ -437,6 +437,18 @@ def fresh_kl_of(
     return measured_fresh_kl([d.kl for d in drifts], weights, [d.dataset for d in drifts], level), len(drifts)
 
 
+def unpruned_score(results: Sequence[ExampleResult], confidence: float) -> UnprunedScore:
+    """The unpruned model's score on the calibration's examples (points, macro over datasets, as the
+    report rounds it) with its one-sided bound at ``confidence``: what a prior that scales by it is
+    read at (the score for the slope and the bound that decides, its bound for the certified one)."""
+    return UnprunedScore.measured(
+        [100.0 * r.score for r in results],
+        macro_weights([r.dataset for r in results]),
+        level=confidence,
+        value=macro_score(results),
+    )
+
+
 def confirm_pooled(
     records: list[TrialRecord], runner: TrialRunner, k: int, complete_trials: int
 ) -> Confirmation:
@@ -504,7 +516,8 @@ def confirm_pooled(
     decision = pooled_rule(
         records, runner.search_loss, runner.budget.task, k, on.weights, evidence,
         level=runner.settings.decision_level, confidence=level, prior=runner.settings.prior,
-        baseline_score=macro_score(on.baseline.results), fresh=None if isinstance(fresh_on, str) else fresh,
+        baseline_score=unpruned_score(on.baseline.results, level),
+        fresh=None if isinstance(fresh_on, str) else fresh,
         exponent=runner.settings.calibration_exponent,
     )  # fmt: skip
     if decision.calibration is None:

@@ -48,7 +48,7 @@ from typing import TypeVar
 from tuner.evaluation.losses import Loss, ScoreLoss
 from tuner.stages.front import feasible_front
 from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, estimate
-from tuner.statistics.calibration import Calibration, ScoredSchedule, fit
+from tuner.statistics.calibration import Calibration, ScoredSchedule, UnprunedScore, fit
 from tuner.statistics.prior import SlopePrior
 from tuner.statistics.shape import LINEAR
 from tuner.study.records import TrialRecord
@@ -241,7 +241,7 @@ def pooled_rule(
     level: float,
     confidence: float | None = None,
     prior: SlopePrior | None = None,
-    baseline_score: float | None = None,
+    baseline_score: float | UnprunedScore | None = None,
     fresh: FreshDrift | None = None,
     exponent: float = LINEAR,
     n_boot: int = DEFAULT_N_BOOT,
@@ -260,7 +260,8 @@ def pooled_rule(
         confidence: the level the calibration also reports (``--confidence``).
         prior: the model's slope prior (``--slope-prior``), the floor of an underpowered calibration.
         baseline_score: the unpruned model's score on the evidence's examples (points, macro), what
-            a prior that scales by it is read at.
+            a prior that scales by it is read at: with its bound (:class:`UnprunedScore`, at
+            ``confidence``), the certified bound is read at the score's.
         fresh: a record's KL on prompts the search never saw (step 5), called only on records that
             pass on their own KL, fastest first, until one passes; it may stop once its KL so far is
             refused (:data:`FreshDrift`).

@@ -35,6 +35,15 @@ validation examples than its power curve asks for the budget, :meth:`Calibration
 the slope and both bounds to at least the prior's (see :mod:`tuner.statistics.prior`); the
 :class:`Floor` it records says what the study's own fit was and whether the floor changed anything.
 
+**Scale.** A prior that scales by the unpruned score is read at the study's own, measured on the
+calibration's few examples: an estimate like the slope, which a bound read at the point leaves out
+(the 4096-token studies whose validation scores fell in the test split's low tail lost more than
+their certified bounds on test, benchmarks/prediction_check.py). Given the score's per-example
+values (:class:`UnprunedScore`), the bound at ``confidence`` (what "certified" means) is read at the
+score's own one-sided bound at that level. The slope and the bound that decides stay at the score:
+the decision level is an operating point whose error rates ``benchmarks/decision_rule.py`` measures,
+not a confidence statement.
+
 **Shape.** ``exponent = p`` bends the relation to ``T = b * K^p`` (``0 < p <= 1``; the ratio becomes
 ``b = sum_s T_s / sum_s K_s^p``, points per nat^p, and the largest KL within ``B`` is ``(B / b_up)^(1/p)``).
 ``p = 1`` is the straight line above. The recorded grids measure a concave cost: a tiny KL already
@@ -57,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, check_level
+from tuner.statistics.bootstrap import DEFAULT_N_BOOT, DEFAULT_SEED, check_level, estimate
 from tuner.statistics.shape import LINEAR, check_exponent, slope_unit
 
 if TYPE_CHECKING:
@@ -84,6 +93,42 @@ class ScoredSchedule:
 
 
 @dataclass(frozen=True)
+class UnprunedScore:
+    """The study's unpruned score (points, macro over datasets) on the calibration's examples, with
+    its one-sided bootstrap upper bound: what a prior that scales by the score is read at.
+
+    Attributes:
+        value: the score.
+        n: examples it was measured on.
+        upper: its one-sided bound at ``level`` (the calibration's ``confidence``).
+        level: that bound's level.
+    """
+
+    value: float
+    n: int
+    upper: float
+    level: float
+
+    @classmethod
+    def measured(
+        cls,
+        scores: Sequence[float],
+        weights: Sequence[float],
+        *,
+        level: float,
+        value: float | None = None,
+        n_boot: int = DEFAULT_N_BOOT,
+        seed: int = DEFAULT_SEED,
+    ) -> UnprunedScore:
+        """From the unpruned model's per-example scores (points) and their macro ``weights``, the bound
+        at ``level``; ``value`` is the score as the report gives it (None: their weighted mean). The
+        bound is never below it."""
+        est = estimate(scores, weights, level=level, n_boot=n_boot, seed=seed)
+        score = est.value if value is None else value
+        return cls(score, len(scores), max(est.upper, score), level)
+
+
+@dataclass(frozen=True)
 class Floor:
     """The slope prior a calibration was checked against, and what the study's own fit said.
 
@@ -101,6 +146,8 @@ class Floor:
         scale: the factor the prior's slope was read at (1 for an ``absolute`` prior; the study's
             unpruned score over the grid's for ``baseline``); ``prior_*`` are after it.
         baseline_score: the study's unpruned score (points) it was scaled to (None: not scaled).
+        baseline_upper_confidence: that score's one-sided bound at ``confidence``, what
+            ``prior_upper_confidence`` was read at (None: the score was taken as exact, or not scaled).
         largest_replayed: the largest ``n`` the power curve replayed at the budget (None: no curve
             for it); with ``examples_needed`` None, no ``n`` up to it kept the target rate.
     """
@@ -119,6 +166,7 @@ class Floor:
     scale: float = 1.0
     baseline_score: float | None = None
     largest_replayed: int | None = None
+    baseline_upper_confidence: float | None = None
 
     @property
     def binds(self) -> bool:
@@ -150,6 +198,7 @@ class Floor:
             scale=float(data.get("scale", 1.0)),
             baseline_score=opt("baseline_score"),
             largest_replayed=None if largest is None else int(largest),
+            baseline_upper_confidence=opt("baseline_upper_confidence"),
         )
 
 
@@ -194,11 +243,15 @@ class Calibration:
         if self.confidence is not None:
             check_level(self.confidence)
 
-    def floored(self, prior: SlopePrior, budget: float, baseline_score: float | None = None) -> Calibration:
+    def floored(
+        self, prior: SlopePrior, budget: float, baseline_score: float | UnprunedScore | None = None
+    ) -> Calibration:
         """This calibration checked against ``prior`` at ``budget`` (points): when its examples are
         fewer than the prior's power curve asks for (or the curve is not recorded), or when it measures
-        no cost of KL at all, the slope and its bounds become at least the prior's, read at the study's unpruned ``baseline_score`` (points)
-        for a prior that scales by it (see the module docstring)."""
+        no cost of KL at all, the slope and its bounds become at least the prior's, read at the study's
+        unpruned ``baseline_score`` (points) for a prior that scales by it: a number is taken as exact;
+        with an :class:`UnprunedScore` the bound at ``confidence`` is read at the score's bound, which
+        must be at that level (see the module docstring)."""
         if prior.exponent != self.exponent:
             raise ValueError(
                 f"slope prior {prior.id} was fitted at exponent {prior.exponent:g}, the calibration at "
@@ -207,8 +260,22 @@ class Calibration:
         need = prior.examples_needed(budget)
         # "no cost seen" is not "no cost": the prior measured one, on more examples than any study here
         applied = need is None or self.n_examples < need or self.slope_upper <= 0
-        scale = prior.scale(baseline_score)
-        at_conf = None if self.confidence is None else scale * prior.upper(self.confidence)
+        point: float | None = None
+        bound: float | None = None  # the score's bound at ``confidence``, for a prior that scales by it
+        if isinstance(baseline_score, UnprunedScore):
+            point = baseline_score.value
+            if self.confidence is not None and prior.scaling != "absolute":
+                if not math.isclose(baseline_score.level, self.confidence):
+                    raise ValueError(
+                        f"the unpruned score's bound is at level {baseline_score.level:g}, the calibration's "
+                        f"confidence at {self.confidence:g}: measure the score's bound at the confidence"
+                    )
+                bound = baseline_score.upper
+        else:
+            point = baseline_score
+        scale = prior.scale(point)
+        scale_conf = scale if bound is None else prior.scale(bound)
+        at_conf = None if self.confidence is None else scale_conf * prior.upper(self.confidence)
         floor = Floor(
             prior=prior.id,
             prior_n_examples=prior.n_examples,
@@ -222,8 +289,9 @@ class Calibration:
             applied=applied,
             target_rate=prior.target_rate,
             scale=scale,
-            baseline_score=None if prior.scaling == "absolute" else baseline_score,
+            baseline_score=None if prior.scaling == "absolute" else point,
             largest_replayed=prior.largest_replayed(budget),
+            baseline_upper_confidence=bound,
         )
         if not applied:
             return replace(self, floor=floor)

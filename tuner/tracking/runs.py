@@ -416,6 +416,10 @@ class Tracker:
         }
         if floor.examples_needed is not None:
             values["calibration.examples_needed"] = float(floor.examples_needed)
+        if floor.baseline_score is not None:
+            values["calibration.baseline_score"] = floor.baseline_score
+        if floor.baseline_upper_confidence is not None:
+            values["calibration.baseline_score_upper"] = floor.baseline_upper_confidence
         self.client.log_batch(
             self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
         )

@@ -15,10 +15,18 @@ from lazyllm.schedule import Schedule
 from tests.support import longbench_dir
 from tuner.evaluation.fidelity import FidelityEvaluator
 from tuner.evaluation.losses import BaselineStats, Budget, ScoreLoss
+from tuner.evaluation.runner import ExampleResult, macro_score
 from tuner.orchestration.session import open_session
 from tuner.report.files import write_outcome
 from tuner.search import main, parse_settings
-from tuner.stages.confirm import Confirmation, FreshPrompts, candidate_of, confirm, fresh_kl_of
+from tuner.stages.confirm import (
+    Confirmation,
+    FreshPrompts,
+    candidate_of,
+    confirm,
+    fresh_kl_of,
+    unpruned_score,
+)
 from tuner.stages.front import fastest_feasible, study_records
 from tuner.stages.outcome import StudyOutcome
 from tuner.stages.rule import measured_fresh_kl, spread
@@ -369,3 +377,35 @@ def test_an_open_qa_search_rechecks_its_front_on_the_calibration_examples_it_did
     assert main([*argv[: argv.index("--confirm-n-examples")], "--output", str(same)]) == 0
     kept = json.loads((same / "c" / "confirmation.json").read_text())["fresh"]
     assert kept["n_examples"] == 0 and kept["prompts"].startswith("not available: the calibration's examples")
+
+
+def test_the_unpruned_score_a_prior_is_read_at_is_the_macro_score_with_its_bound() -> None:
+    """What confirm hands the rule: the unpruned model's macro score on the calibration's examples (the
+    number the report prints) with its bound at --confidence."""
+    scores = [("a", 0.0), ("a", 0.5), ("a", 0.0), ("a", 0.3), ("a", 0.0)]
+    scores += [("b", 0.2), ("b", 0.0), ("b", 0.4), ("b", 0.0), ("b", 0.1), ("b", 0.0)]
+    rows = [
+        ExampleResult(d, f"r{i}", "baseline", "", s, 0.1, 0.2, 100, 4, 1.0) for i, (d, s) in enumerate(scores)
+    ]
+    score = unpruned_score(rows, 0.9)
+    assert score.value == pytest.approx(macro_score(rows)) and (score.n, score.level) == (11, 0.9)
+    points, weights = [100.0 * s for _, s in scores], macro_weights([d for d, _ in scores])
+    assert (
+        score.upper == pytest.approx(estimate(points, weights, level=0.9).upper) and score.upper > score.value
+    )
+
+
+def test_a_study_reads_a_scaled_prior_at_its_unpruned_scores_bound(tiny_folder: Path, tmp_path: Path) -> None:
+    """A real (tiny) study with a prior that scales by the unpruned score: the confirmation records the
+    score it measured on the calibration's examples and its bound, which the certified bound was read at."""
+    from tuner.statistics.prior import PRIOR_DIR
+
+    packaged = json.loads((PRIOR_DIR / "smollm2-135m-1024-p0.5.json").read_text())  # scales by the score
+    prior = tmp_path / "tiny-prior.json"
+    prior.write_text(json.dumps({**packaged, "model": tiny_folder.name.lower()}))
+    argv = [*_raced(tiny_folder, tmp_path, trials=4, k=2, accuracy="fidelity"), "--slope-prior", str(prior)]
+    assert main(argv) == 0
+    floor = json.loads((tmp_path / "c" / "confirmation.json").read_text())["calibration"]["floor"]
+    assert packaged["scaling"] == "baseline" and floor["baseline_score"] is not None
+    assert floor["baseline_upper_confidence"] is not None
+    assert floor["baseline_score"] <= floor["baseline_upper_confidence"]

@@ -13,7 +13,7 @@ import tuner.stages.rule as rule
 import tuner.statistics.prior as prior_module
 from tests.support import load_benchmark
 from tuner.evaluation.losses import FidelityLoss, ScoreLoss
-from tuner.statistics.calibration import Calibration, ScoredSchedule
+from tuner.statistics.calibration import Calibration, ScoredSchedule, UnprunedScore
 from tuner.statistics.prior import PowerPoint, SlopePrior, nearest, packaged, packaged_path, resolve
 from tuner.statistics.shape import LINEAR, SQUARE_ROOT
 from tuner.study.settings import SearchSettings
@@ -256,6 +256,71 @@ def test_a_baseline_scaled_prior_is_read_at_the_studys_unpruned_score() -> None:
         SlopePrior(**{**vars(_prior(12.0)), "scaling": "baseline"})
     with pytest.raises(ValueError, match="scaling = 'relative'"):
         SlopePrior(**{**base, "scaling": "relative"})
+
+
+def test_a_scaled_priors_certified_bound_is_read_at_the_unpruned_scores_bound() -> None:
+    """The unpruned score that scales the prior is itself measured on a dozen examples: the bound at
+    --confidence (what "certified" means) is read at the score's own bound at that level, so a study
+    whose few examples happened to score low does not certify on all of it. The slope and the bound
+    that decides stay at the score. A number is taken as exact; an absolute prior ignores the score."""
+    base = {**vars(_prior(12.0)), "baseline_score": 8.0}
+    scaled = SlopePrior(**{**base, "scaling": "baseline"})
+    score = UnprunedScore(value=4.0, n=11, upper=12.0, level=0.9)
+    floored = _no_cost(13).floored(scaled, 2.0, baseline_score=score)
+    # 12 and 13 points per nat at scale 0.5 (slope, bound at 0.6), 16 at scale 1.5 (bound at 0.9)
+    assert (floored.slope, floored.slope_upper, floored.slope_upper_confidence) == (6.0, 6.5, 24.0)
+    f = floored.floor
+    assert f is not None and (f.scale, f.baseline_score, f.baseline_upper_confidence) == (0.5, 4.0, 12.0)
+    assert Calibration.from_dict(json.loads(json.dumps(floored.to_dict()))) == floored
+    exact = _no_cost(13).floored(scaled, 2.0, baseline_score=4.0)
+    assert (exact.slope, exact.slope_upper, exact.slope_upper_confidence) == (6.0, 6.5, 8.0)
+    assert exact.floor is not None and exact.floor.baseline_upper_confidence is None
+    absolute = _no_cost(13).floored(SlopePrior(**base), 2.0, baseline_score=score)
+    assert (absolute.slope, absolute.slope_upper, absolute.slope_upper_confidence) == (12.0, 13.0, 16.0)
+    assert absolute.floor is not None and absolute.floor.baseline_upper_confidence is None
+    with pytest.raises(ValueError, match=r"bound is at level 0\.6, the calibration's confidence at 0\.9"):
+        _no_cost(13).floored(scaled, 2.0, baseline_score=UnprunedScore(4.0, 11, 5.0, 0.6))
+
+
+def test_the_unpruned_scores_bound_is_the_bootstraps_of_its_macro_mean() -> None:
+    """Eleven examples over two datasets: the score is the macro mean; its bound grows with the level,
+    and is the score itself where every example scores alike."""
+    scores = [0.0, 0.0, 0.0, 50.0, 0.0, 0.0, 10.0, 0.0, 0.0, 0.0, 40.0]
+    weights = [1 / 10] * 5 + [1 / 12] * 6
+    s = UnprunedScore.measured(scores, weights, level=0.9)
+    assert s.value == pytest.approx((50.0 / 5 + 50.0 / 6) / 2) and (s.n, s.level) == (11, 0.9)
+    assert s.value < UnprunedScore.measured(scores, weights, level=0.6).upper < s.upper < 50.0
+    flat = UnprunedScore.measured([7.0] * 11, weights, level=0.9)
+    assert (flat.value, flat.upper) == pytest.approx((7.0, 7.0))
+    assert UnprunedScore.measured(scores, weights, level=0.9, value=9.25).value == 9.25
+
+
+def test_the_rule_certifies_a_scaled_prior_at_the_unpruned_scores_bound() -> None:
+    """A study whose dozen examples score 4 points against the grid's 8: the pick is the same either
+    way (the decision reads the score), but read at the score's 90% bound (9) the pick's certified
+    bound is 2.25 times the one read at the score, and it is no longer certified."""
+    from tests.tuner.stages.test_rule import _record
+
+    records = [_record(0, 1.0, 0.0, 0.0), _record(1, 1.4, 0.02, 30.0), _record(2, 1.97, 0.3, 60.0)]
+    keys = list(records[1].per_example)
+    scaled = SlopePrior(**{**vars(_prior(12.0)), "baseline_score": 8.0, "scaling": "baseline"})
+
+    def evidence(rs: Sequence[rule.TrialRecord]) -> list[ScoredSchedule]:  # no cost seen
+        return [ScoredSchedule(r.number, r.per_example, dict.fromkeys(r.per_example, 0.0)) for r in rs]
+
+    def decide(score: float | UnprunedScore) -> rule.PooledDecision:
+        return rule.pooled_rule(
+            records, FidelityLoss(1.0), ScoreLoss(2.0), 6, dict.fromkeys(keys, 1.0), evidence,
+            level=0.6, confidence=0.9, prior=scaled, baseline_score=score, exponent=LINEAR,
+        )  # fmt: skip
+
+    at_point, at_bound = decide(4.0), decide(UnprunedScore(value=4.0, n=12, upper=9.0, level=0.9))
+    assert at_point.picked is not None and at_point.picked.number == 2
+    assert at_bound.picked is not None and at_bound.picked.number == 2  # 6.5 x 0.3 = 1.95 points
+    assert at_point.calibration is not None and at_bound.calibration is not None
+    certified = at_point.calibration.upper_at_confidence(0.3)
+    assert certified == pytest.approx(8.0 * 0.3) and certified > 2.0  # 16 x 0.5 per nat
+    assert at_bound.calibration.upper_at_confidence(0.3) == pytest.approx(18.0 * 0.3)  # 16 x 9 / 8
 
 
 def test_the_prior_builder_and_the_replay_hold_out_the_same_examples() -> None:
