@@ -2,7 +2,7 @@
 the pick's test loss, and how typical the unpruned score that scaled the prediction was.
 
     python benchmarks/prediction_check.py NAME=STUDY_DIR [...] [--pool NAME=A,B,C] [--level 0.9]
-        [--draws 20000] [--out-dir DIR]
+        [--draws 20000] [--validation NAME=BASELINE.jsonl] [--out-dir DIR]
 
 A STUDY_DIR holds what ``tuner.search`` wrote for a study (``confirmation.json``: the calibration that
 decided and the pick's KL at the target length) and the pick's test rows from ``tuner.evaluate``
@@ -19,6 +19,12 @@ folders under ``benchmarks/data/`` keep them). Per study:
   as many test records per dataset as the calibration had (without replacement) whose macro score is
   no higher than the validation score, and the draws' 5-95% range. A validation score in the draws'
   low tail scaled the floor down for a task that has more to lose.
+
+``--validation NAME=FILE`` gives the unpruned model's rows on study NAME's calibration records
+(``tuner.evaluate --split validation --methods baseline`` with the study's per-dataset count): the
+study's own fit is floored again (:meth:`Calibration.floored`, the packaged prior it names) with the
+score and its bound measured on those rows (:class:`UnprunedScore`), and the table adds the pick's
+bound at confidence as the rule of 2026-12-07 reads it.
 
 ``--pool NAME=A,B,C`` reads studies whose picks ran on the same test records together: the picks'
 scores are averaged per record and that average's loss is set against the mean prediction, so that
@@ -42,8 +48,9 @@ from typing import Any
 import numpy as np
 
 from tuner.evaluation.runner import ExampleResult, loss_estimate, macro_score
-from tuner.statistics.bootstrap import Estimate
-from tuner.statistics.calibration import Calibration
+from tuner.statistics.bootstrap import Estimate, macro_weights
+from tuner.statistics.calibration import Calibration, UnprunedScore
+from tuner.statistics.prior import SlopePrior, packaged_all
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,17 @@ class ScoreDraws:
 
 
 @dataclass(frozen=True)
+class Refloored:
+    """The pick's bound at confidence with the study's own fit floored again at the unpruned score and
+    its bound, measured on the unpruned rows of the study's calibration records (points)."""
+
+    score: float
+    score_upper: float
+    n: int
+    bound_confidence: float
+
+
+@dataclass(frozen=True)
 class Check:
     """One study's (or a pool's) prediction for its pick against the pick's test loss (points)."""
 
@@ -71,6 +89,7 @@ class Check:
     test: Estimate
     test_unpruned: float
     draws: ScoreDraws | None = None
+    refloored: Refloored | None = None
 
     @property
     def inside(self) -> bool:
@@ -94,6 +113,7 @@ class Study:
     kl: float
     baseline: list[ExampleResult]
     pick: list[ExampleResult]
+    budget: float = 2.0
 
 
 def read_study(name: str, folder: Path) -> Study:
@@ -122,6 +142,7 @@ def read_study(name: str, folder: Path) -> Study:
         kl=float(picked[0]["search_loss"]),
         baseline=ExampleResult.read_jsonl(bases[0]),
         pick=ExampleResult.read_jsonl(pick_path),
+        budget=float(conf.get("budget", 2.0)),
     )
 
 
@@ -156,7 +177,44 @@ def score_draws(study: Study, n_draws: int, seed: int = 0) -> ScoreDraws | None:
     )
 
 
-def check(study: Study, level: float = 0.9, n_draws: int = 0) -> Check:
+def _prior_named(prior_id: str) -> SlopePrior:
+    model = prior_id.split("/", 1)[0]
+    for exponent in (0.5, 1.0):
+        for prior in packaged_all(model, exponent):
+            if prior.id == prior_id:
+                return prior
+    raise ValueError(
+        f"no packaged slope prior has the id {prior_id}: the study was floored at one not shipped here"
+    )
+
+
+def refloor(study: Study, rows: Sequence[ExampleResult]) -> Refloored:
+    """``study``'s own fit floored again at the unpruned score and its bound at the calibration's
+    confidence, measured on ``rows``; refused when flooring it at its recorded score does not give back
+    the recorded calibration."""
+    cal, floor = study.calibration, study.calibration.floor
+    if floor is None or floor.baseline_score is None or cal.confidence is None:
+        raise ValueError(
+            f"{study.name}: its calibration was not floored at a prior scaled by the unpruned score"
+        )
+    prior = _prior_named(floor.prior)
+    own = dataclasses.replace(
+        cal, slope=floor.own_slope, slope_upper=floor.own_upper, slope_upper_confidence=floor.own_upper_confidence,
+        floor=None,
+    )  # fmt: skip
+    again = own.floored(prior, study.budget, floor.baseline_score)
+    if not np.isclose(again.slope_upper_confidence or 0.0, cal.slope_upper_confidence or 0.0):
+        raise ValueError(f"{study.name}: flooring its own fit again does not give back its calibration")
+    score = UnprunedScore.measured(
+        [100.0 * r.score for r in rows], macro_weights([r.dataset for r in rows]), level=cal.confidence,
+        value=macro_score(rows),
+    )  # fmt: skip
+    now = own.floored(prior, study.budget, score).upper_at_confidence(study.kl)
+    assert now is not None
+    return Refloored(score.value, score.upper, score.n, now)
+
+
+def check(study: Study, level: float = 0.9, n_draws: int = 0, rows: Sequence[ExampleResult] = ()) -> Check:
     """``study``'s prediction for its pick against the pick's test loss."""
     point, bound = study.calibration.predicted(study.kl)
     return Check(
@@ -169,6 +227,7 @@ def check(study: Study, level: float = 0.9, n_draws: int = 0) -> Check:
         test=loss_estimate(study.pick, study.baseline, level=level),
         test_unpruned=macro_score(study.baseline),
         draws=score_draws(study, n_draws),
+        refloored=refloor(study, rows) if rows else None,
     )
 
 
@@ -208,8 +267,9 @@ def table(checks: Sequence[Check]) -> str:
     level = checks[0].test.level if checks else 0.9
     lines = [
         f"| study | pick | KL (nats) | predicted [decision bound, bound at confidence] | test loss [{level:.0%}] | n "
-        "| prediction inside | unpruned score: validation / test | draws at or below validation [5-95%] |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| prediction inside | unpruned score: validation / test | draws at or below validation [5-95%] "
+        "| bound at confidence read at the score's bound [score re-measured, its bound] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in checks:
         conf = "-" if c.bound_confidence is None else f"{c.bound_confidence:.2f}"
@@ -220,11 +280,13 @@ def table(checks: Sequence[Check]) -> str:
             if d
             else "-"
         )
+        r = c.refloored
+        now = "-" if r is None else f"{r.bound_confidence:.2f} [{r.score:.2f}, {r.score_upper:.2f}, n={r.n}]"
         pick = "mean of " + ", ".join(f"#{t}" for t in c.trials) if len(c.trials) > 1 else f"#{c.trials[0]}"
         lines.append(
             f"| {c.name} | {pick} | {c.kl:.4f} | {c.predicted:.2f} [{c.bound:.2f}, {conf}] "
             f"| {c.test.value:.2f} [{c.test.low:.2f}, {c.test.high:.2f}] | {c.test.n} "
-            f"| {'yes' if c.inside else 'no'} | {val} | {share} |"
+            f"| {'yes' if c.inside else 'no'} | {val} | {share} | {now} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -289,11 +351,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--level", type=float, default=0.9, help="test intervals' level (default: 0.9)")
     p.add_argument("--draws", type=int, default=20000, help="draws of the unpruned-score check (0: skip it)")
+    p.add_argument(
+        "--validation",
+        action="append",
+        default=[],
+        help="NAME=FILE: unpruned rows on study NAME's calibration records",
+    )
     p.add_argument("--out-dir", type=Path, help="also write rows.md, rows.json and check.png here")
     args = p.parse_args(argv)
     try:
         studies = {name: read_study(name, Path(folder)) for name, folder in _named(args.studies, "study")}
-        checks = [check(s, args.level, args.draws) for s in studies.values()]
+        validation = dict(_named(args.validation, "--validation"))
+        unknown_v = [n for n in validation if n not in studies]
+        if unknown_v:
+            raise ValueError(f"--validation names {unknown_v[0]!r}, not one of the studies given")
+        checks = [
+            check(
+                s,
+                args.level,
+                args.draws,
+                ExampleResult.read_jsonl(Path(validation[n])) if n in validation else (),
+            )
+            for n, s in studies.items()
+        ]
         for name, members in _named(args.pool, "--pool"):
             unknown = [m for m in members.split(",") if m not in studies]
             if unknown:

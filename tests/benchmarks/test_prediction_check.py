@@ -13,6 +13,7 @@ import pytest
 from tests.support import load_benchmark
 from tuner.evaluation.runner import ExampleResult, loss_estimate
 from tuner.statistics.calibration import Calibration, Floor
+from tuner.statistics.prior import packaged_all
 
 
 def _calibration(slope: float, baseline_score: float | None) -> Calibration:
@@ -134,3 +135,32 @@ def test_bad_input_is_refused_in_one_line(tmp_path: Path, capsys: pytest.Capture
     (a / "test.lazyllm.jsonl").unlink()
     assert bench.main([f"a={a}"]) == 2
     assert "lacks test.lazyllm.jsonl" in capsys.readouterr().err
+
+
+def test_refloor_reads_the_certified_bound_at_the_unpruned_scores_bound(tmp_path: Path) -> None:
+    """The study's own fit floored again with the packaged prior it names: at rows that all score as
+    the recorded score, the certified bound is the recorded one; at rows that spread, it is read at
+    their bound, higher; a calibration that its own fit does not give back is refused."""
+    bench = load_benchmark("prediction_check")
+    prior = packaged_all("smollm2-135m", 0.5)[-1]
+    own = dataclasses.replace(
+        _calibration(4.0, None), floor=None, slope=-1.0, slope_upper=0.0, slope_upper_confidence=0.5
+    )
+    floored = own.floored(prior, 2.0, 10.0)
+    folder = _study(tmp_path / "a", kl=0.04, pick_scores=BASE)
+    conf = json.loads((folder / "confirmation.json").read_text())
+    (folder / "confirmation.json").write_text(json.dumps({**conf, "calibration": floored.to_dict()}))
+    study = bench.read_study("a", folder)
+    flat = bench.refloor(study, _rows([0.1] * 12, "baseline"))  # 10 points on every record: no spread
+    assert flat.score == pytest.approx(10.0) and flat.score_upper == pytest.approx(10.0)
+    assert flat.bound_confidence == pytest.approx(floored.upper_at_confidence(0.04))
+    spread = bench.refloor(study, _rows([0.0, 0.2] * 6, "baseline"))  # 10 points on average, spread
+    assert spread.score == pytest.approx(10.0) and spread.score_upper > 10.0
+    expected = floored.upper_at_confidence(0.04) * spread.score_upper / 10.0
+    assert spread.bound_confidence == pytest.approx(expected)
+    assert bench.check(study, rows=_rows([0.0, 0.2] * 6, "baseline")).refloored == spread
+    tampered = dataclasses.replace(
+        study, calibration=dataclasses.replace(floored, slope_upper_confidence=99.0)
+    )
+    with pytest.raises(ValueError, match="does not give back its calibration"):
+        bench.refloor(tampered, _rows([0.1] * 12, "baseline"))
