@@ -309,3 +309,31 @@ def test_a_square_root_calibration_is_named_in_the_paragraph_with_its_units() ->
     text = explain(root_outcome, TIMING)
     assert "predicted to lose 2.19 score points (upper bound 2.74, 60%)" in text  # 4 and 5 x sqrt(0.3)
     assert "KL^" not in power_sentence(decide(outcome, TIMING))  # the straight line says nothing of its shape
+
+
+def test_the_paragraph_says_the_score_the_prior_was_read_at_and_its_bound() -> None:
+    """A prior scaled by the unpruned score: the paragraph gives the score, its share of the grid's and,
+    when the score came with its bound, the bound the certified one was read at."""
+    import dataclasses
+
+    from tuner.stages.decision import decide
+    from tuner.statistics.calibration import UnprunedScore
+    from tuner.statistics.prior import SlopePrior
+
+    prior = SlopePrior(
+        "tiny", "openqa", 1024, 300, ("a",), 12.0, ((0.5, 12.0), (0.6, 13.0), (0.9, 16.0)),
+        "rows.jsonl", "cd" * 32, "2026-12-02", (), baseline_score=8.0, scaling="baseline",
+    )  # fmt: skip
+    outcome = decision_outcome(0.4, slope=-6.0, slope_upper=-1.5, max_scored=0.5, at_90=-0.5)
+    assert outcome.confirmation is not None and outcome.confirmation.calibration is not None
+    for score, clause in [
+        (4.0, "at this study's unpruned score 4.0, 0.50x the grid's, n=300)"),
+        (
+            UnprunedScore(4.0, 13, 12.0, 0.9),
+            "at this study's unpruned score 4.0, 0.50x the grid's; its 90% bound at the score's 90% bound 12.0 "
+            "(n=13), n=300)",
+        ),
+    ]:
+        cal = outcome.confirmation.calibration.floored(prior, 2.0, score)
+        conf = dataclasses.replace(outcome.confirmation, calibration=cal)
+        assert clause in power_sentence(decide(dataclasses.replace(outcome, confirmation=conf), TIMING))
