@@ -48,8 +48,9 @@ from typing import Any
 import numpy as np
 
 from tuner.evaluation.runner import ExampleResult, loss_estimate, macro_score
-from tuner.statistics.bootstrap import Estimate, macro_weights
-from tuner.statistics.calibration import Calibration, UnprunedScore
+from tuner.stages.confirm import unpruned_score
+from tuner.statistics.bootstrap import Estimate
+from tuner.statistics.calibration import Calibration
 from tuner.statistics.prior import SlopePrior, packaged_all
 
 
@@ -177,12 +178,10 @@ def score_draws(study: Study, n_draws: int, seed: int = 0) -> ScoreDraws | None:
     )
 
 
-def _prior_named(prior_id: str) -> SlopePrior:
-    model = prior_id.split("/", 1)[0]
-    for exponent in (0.5, 1.0):
-        for prior in packaged_all(model, exponent):
-            if prior.id == prior_id:
-                return prior
+def _prior_named(prior_id: str, exponent: float) -> SlopePrior:
+    for prior in packaged_all(prior_id.split("/", 1)[0], exponent):
+        if prior.id == prior_id:
+            return prior
     raise ValueError(
         f"no packaged slope prior has the id {prior_id}: the study was floored at one not shipped here"
     )
@@ -197,7 +196,7 @@ def refloor(study: Study, rows: Sequence[ExampleResult]) -> Refloored:
         raise ValueError(
             f"{study.name}: its calibration was not floored at a prior scaled by the unpruned score"
         )
-    prior = _prior_named(floor.prior)
+    prior = _prior_named(floor.prior, cal.exponent)
     own = dataclasses.replace(
         cal, slope=floor.own_slope, slope_upper=floor.own_upper, slope_upper_confidence=floor.own_upper_confidence,
         floor=None,
@@ -205,10 +204,7 @@ def refloor(study: Study, rows: Sequence[ExampleResult]) -> Refloored:
     again = own.floored(prior, study.budget, floor.baseline_score)
     if not np.isclose(again.slope_upper_confidence or 0.0, cal.slope_upper_confidence or 0.0):
         raise ValueError(f"{study.name}: flooring its own fit again does not give back its calibration")
-    score = UnprunedScore.measured(
-        [100.0 * r.score for r in rows], macro_weights([r.dataset for r in rows]), level=cal.confidence,
-        value=macro_score(rows),
-    )  # fmt: skip
+    score = unpruned_score(rows, cal.confidence)  # what confirm hands the rule
     now = own.floored(prior, study.budget, score).upper_at_confidence(study.kl)
     assert now is not None
     return Refloored(score.value, score.upper, score.n, now)
@@ -246,14 +242,14 @@ def pooled(name: str, studies: Sequence[Study], level: float = 0.9) -> Check:
         dataclasses.replace(r, score=statistics.fmean(scores[(r.dataset, r.record_id)]))
         for r in studies[0].pick
     ]
-    checks = [check(s, level) for s in studies]
-    bounds_conf = [c.bound_confidence for c in checks]
+    predicted = [s.calibration.predicted(s.kl) for s in studies]
+    bounds_conf = [s.calibration.upper_at_confidence(s.kl) for s in studies]
     return Check(
         name=name,
         trials=tuple(s.trial for s in studies),
         kl=statistics.fmean(s.kl for s in studies),
-        predicted=statistics.fmean(c.predicted for c in checks),
-        bound=statistics.fmean(c.bound for c in checks),
+        predicted=statistics.fmean(p for p, _ in predicted),
+        bound=statistics.fmean(b for _, b in predicted),
         bound_confidence=None
         if None in bounds_conf
         else statistics.fmean(b for b in bounds_conf if b is not None),
