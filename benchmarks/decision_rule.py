@@ -29,7 +29,10 @@ the exploration cap ``KL_PER_POINT``) and a few around them. A draw larger than 
 examples, so it says how the rule behaves on more data only as far as the pool is representative:
 the table marks such rows. ``--prior`` replays the rule with a slope prior's floor
 (:mod:`tuner.statistics.prior`); a prior fitted on the same validation pool makes that replay
-optimistic. ``--exponent`` replays the rule with a concave calibration (``loss = slope x KL^p``,
+optimistic; such a prior scales by the unpruned score, read as a study reads it (the deciding bound at
+the draw's score's one-sided bound at the confidence level), and ``--score-levels`` adds rows reading it
+at the score itself, at another level's bound, or with the score taken as exact (the rule before
+ff95ee0). ``--exponent`` replays the rule with a concave calibration (``loss = slope x KL^p``,
 ``--calibration-exponent`` of a study; its ``--prior`` must be fitted at the same ``p``). ``--out`` also writes the default rule's rows as the **power curve**
 (``benchmarks/slope_prior.py --power`` stores it in the prior). The measured tables, dated, are in
 docs/benchmarks.md.
@@ -55,8 +58,8 @@ from tuner.data.longbench import unit_hash
 from tuner.evaluation.losses import FidelityLoss, ScoreLoss
 from tuner.report.figure import pyplot, write_figure
 from tuner.stages.rule import FreshKL, Refused, measured_fresh_kl, pooled_rule
-from tuner.statistics.bootstrap import Estimate, estimate, macro_weights, weighted_mean
-from tuner.statistics.calibration import ScoredSchedule
+from tuner.statistics.bootstrap import Estimate, check_level, estimate, macro_weights, weighted_mean
+from tuner.statistics.calibration import ScoredSchedule, UnprunedScore
 from tuner.statistics.cap import KL_PER_POINT
 from tuner.statistics.prior import SlopePrior
 from tuner.statistics.shape import check_exponent
@@ -69,6 +72,7 @@ if TYPE_CHECKING:
 DECISION_LEVEL: float = SearchSettings.decision_level
 CONFIRM_K: int = SearchSettings.confirm_k
 CONFIDENCE: float = SearchSettings.confidence
+SCORE_LEVEL: float | None = CONFIDENCE if SearchSettings.prior_at_score_bound else None
 EXPONENT: float = SearchSettings.calibration_exponent
 N_BOOT = 300  # per replay: the rule's bootstraps (front bound and calibration), cheaper than a study's
 
@@ -97,15 +101,26 @@ class RuleSetting:
     level: float = DECISION_LEVEL
     kl_per_point: float = KL_PER_POINT
     exponent: float = EXPONENT
+    # a scaled prior's deciding bound read at the draw's unpruned score's one-sided bound at this level
+    # (None: at the score, the rule before 2026-12-07); at CONFIDENCE it is the study's own path
+    score_level: float | None = SCORE_LEVEL
+    exact_score: bool = False  # the score taken as exact, its bound read nowhere (the rule before ff95ee0)
 
     @property
     def default(self) -> bool:
         """The study's default knobs at this calibration exponent (the power curve's rows)."""
-        return (self.k, self.level, self.kl_per_point) == (CONFIRM_K, DECISION_LEVEL, KL_PER_POINT)
+        return (self.k, self.level, self.kl_per_point, self.score_level) == (
+            CONFIRM_K, DECISION_LEVEL, KL_PER_POINT, SCORE_LEVEL,
+        ) and not self.exact_score  # fmt: skip
 
     @property
     def label(self) -> str:
         shape = "" if self.exponent == EXPONENT else f", loss ~ KL^{self.exponent:g}"
+        if self.exact_score:
+            shape += ", the score taken as exact"
+        elif self.score_level != SCORE_LEVEL:
+            at = "the score" if self.score_level is None else f"the score's {self.score_level:g} bound"
+            shape += f", prior decides at {at}"
         return f"pooled, k {self.k}, cap {self.kl_per_point:g} nats/point, level {self.level:g}{shape}" + (
             " (default)" if self.default else ""
         )
@@ -306,12 +321,21 @@ def replay(
                             kls, list(w), [grid[0].datasets[k] for k in others], CONFIDENCE
                         )
 
-                baseline = None
+                baseline: float | UnprunedScore | None = None
                 if grid[0].baselines:  # the draw's unpruned score, what a scaled prior is read at
-                    baseline = weighted_mean([grid[0].baselines[k] for k in keys], list(weights.values()))
+                    scores, w = [grid[0].baselines[k] for k in keys], list(weights.values())
+                    # the study's path: the score with its bound at --confidence (the certified bound's)
+                    baseline = UnprunedScore.measured(scores, w, level=CONFIDENCE, n_boot=N_BOOT, seed=i)
+                    if setting.exact_score:
+                        baseline = baseline.value
+                    elif setting.score_level not in (None, CONFIDENCE):  # another level: that bound, as exact
+                        baseline = UnprunedScore.measured(
+                            scores, w, level=setting.score_level, n_boot=N_BOOT, seed=i
+                        ).upper  # fmt: skip
                 decision = pooled_rule(
                     records, cap, task, setting.k, weights, evidence, level=setting.level,
-                    confidence=CONFIDENCE, prior=prior, baseline_score=baseline, fresh=seen, n_boot=N_BOOT,
+                    confidence=CONFIDENCE, prior=prior, baseline_score=baseline,
+                    decide_at_bound=setting.score_level == CONFIDENCE, fresh=seen, n_boot=N_BOOT,
                     seed=i, exponent=setting.exponent,
                 )  # fmt: skip
                 pick = decision.picked
@@ -568,6 +592,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"with --confirm-k: the level of the predicted-loss bound that picks (a study's --decision-level; "
         f"default {DECISION_LEVEL:g})",
     )
+    p.add_argument(
+        "--score-levels",
+        default=None,
+        help="with --confirm-k and --prior: also replay the rule with a scaled prior's deciding bound read at "
+        "the draw's unpruned score's one-sided bound at each of these levels, or at the score itself "
+        "(comma-separated, e.g. none,0.6,0.75; the study's default reads it at --confidence's); exact: the "
+        "score taken as exact for every bound (the rule before ff95ee0)",
+    )
     args = p.parse_args(argv)
     budgets = [float(b) for b in args.budget.split(",")]
     try:
@@ -601,8 +633,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = SETTINGS if args.settings == "all" else (RuleSetting(),)
     if args.confirm_k is not None:
         settings = (RuleSetting(k=args.confirm_k, level=args.decision_level or DECISION_LEVEL),)
-    elif args.decision_level is not None:
-        p.error("--decision-level replays one rule: give --confirm-k too")
+        for lv in [] if args.score_levels is None else args.score_levels.split(","):
+            if lv.strip().lower() == "exact":
+                settings += (replace(settings[0], score_level=None, exact_score=True),)
+                continue
+            try:
+                level = None if lv.strip().lower() == "none" else float(lv)
+                if level is not None:
+                    check_level(level)
+            except ValueError as e:
+                p.error(f"--score-levels {args.score_levels}: {e} (levels in [0.5, 1), or none)")
+            settings += (replace(settings[0], score_level=level),)
+    elif args.decision_level is not None or args.score_levels is not None:
+        p.error("--decision-level and --score-levels replay one rule: give --confirm-k too")
+    if args.score_levels is not None and prior is None:
+        p.error("--score-levels reads a slope prior's scale: give --prior too")
     settings = tuple(replace(s, exponent=exponent) for s in settings)
     results = []
     for budget in budgets:

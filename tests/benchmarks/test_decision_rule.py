@@ -59,3 +59,42 @@ def test_a_prior_of_another_exponent_is_refused(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         bench.main(["--prior", str(prior), "--exponent", "0.5"])
     assert "fitted at exponent 1" in capsys.readouterr().err
+
+
+def test_the_score_a_scaled_prior_decides_at(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--score-levels``: the rule replayed with a scaled prior's deciding bound read at the draw's
+    unpruned score (none), at its bound at another level, or with the score taken as exact, beside
+    the study's default (at --confidence's bound). Without the fresh check the certified bound reads
+    nothing, so exact and none decide alike; the default, more careful on the same draws, keeps no
+    more speed than either."""
+    bench = load_benchmark("decision_rule")
+    prior = (
+        Path(__file__).resolve().parents[2]
+        / "tuner"
+        / "statistics"
+        / "priors"
+        / "smollm2-135m-2048-p0.5.json"
+    )
+    out = tmp_path / "rule.json"
+    argv = ["--rows", str(DATA / "grid-smollm2-135m-openqa-validation-2048-bfloat16.jsonl"),
+            "--test-rows", str(DATA / "grid-smollm2-135m-openqa-test-2048-bfloat16.jsonl"), "--sizes", "11",
+            "--resamples", "12", "--confirm-k", "2", "--exponent", "0.5", "--prior", str(prior),
+            "--score-levels", "exact,none,0.75", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    default, exact, none, at75 = json.loads(out.read_text())["results"]
+    assert "decides at" not in default["rule"] and "exact" not in default["rule"]  # the study's own
+    assert "score taken as exact" in exact["rule"] and "decides at the score," in none["rule"]
+    assert "decides at the score's 0.75 bound" in at75["rule"]
+    _check([default, exact, none, at75])
+    assert (exact["over_budget"], exact["speed_kept"]) == (none["over_budget"], none["speed_kept"])
+    assert default["speed_kept"] <= at75["speed_kept"] <= none["speed_kept"]
+    assert default["speed_kept"] < none["speed_kept"]  # the bound decides: on some draws a slower pick
+    capsys.readouterr()
+    levels = argv.index("--score-levels")
+    with pytest.raises(SystemExit):  # a level out of range
+        bench.main([*argv[: levels + 1], "none,1.5"])
+    assert "levels in [0.5, 1), or none" in capsys.readouterr().err
+    at = argv.index("--prior")
+    with pytest.raises(SystemExit):  # nothing to scale without a prior
+        bench.main([*argv[:at], *argv[at + 2 : levels + 2]])
+    assert "give --prior too" in capsys.readouterr().err

@@ -92,8 +92,8 @@ def _floor_sentence(d: Decision, cal: Calibration) -> str:
         + (
             ""
             if f.baseline_upper_confidence is None or cal.confidence is None
-            else f"; its {cal.confidence:.0%} bound at the score's {cal.confidence:.0%} bound "
-            f"{f.baseline_upper_confidence:.1f} (n={cal.n_examples})"
+            else f"; {'this bound, which decides, and ' if f.decided_at_bound else ''}its {cal.confidence:.0%} "
+            f"bound at the score's {cal.confidence:.0%} bound {f.baseline_upper_confidence:.1f} (n={cal.n_examples})"
         )
     )
     prior = f"the open-QA prior {f.prior} ({f.prior_slope:.1f}, bound {f.prior_upper:.1f}{read}, n={f.prior_n_examples})"

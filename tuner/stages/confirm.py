@@ -440,7 +440,8 @@ def fresh_kl_of(
 def unpruned_score(results: Sequence[ExampleResult], confidence: float) -> UnprunedScore:
     """The unpruned model's score on the calibration's examples (points, macro over datasets, as the
     report rounds it) with its one-sided bound at ``confidence``: what a prior that scales by it is
-    read at (the score for the slope and the bound that decides, its bound for the certified one)."""
+    read at (the score for the slope, its bound for the certified one and, by default, for the one
+    that decides)."""
     return UnprunedScore.measured(
         [100.0 * r.score for r in results],
         macro_weights([r.dataset for r in results]),
@@ -517,6 +518,7 @@ def confirm_pooled(
         records, runner.search_loss, runner.budget.task, k, on.weights, evidence,
         level=runner.settings.decision_level, confidence=level, prior=runner.settings.prior,
         baseline_score=unpruned_score(on.baseline.results, level),
+        decide_at_bound=runner.settings.prior_at_score_bound,
         fresh=None if isinstance(fresh_on, str) else fresh,
         exponent=runner.settings.calibration_exponent,
     )  # fmt: skip

@@ -242,6 +242,7 @@ def pooled_rule(
     confidence: float | None = None,
     prior: SlopePrior | None = None,
     baseline_score: float | UnprunedScore | None = None,
+    decide_at_bound: bool = False,
     fresh: FreshDrift | None = None,
     exponent: float = LINEAR,
     n_boot: int = DEFAULT_N_BOOT,
@@ -262,6 +263,8 @@ def pooled_rule(
         baseline_score: the unpruned model's score on the evidence's examples (points, macro), what
             a prior that scales by it is read at: with its bound (:class:`UnprunedScore`, at
             ``confidence``), the certified bound is read at the score's.
+        decide_at_bound: the bound that decides is read at the score's bound too
+            (``--prior-at-score-bound``; :meth:`Calibration.floored`).
         fresh: a record's KL on prompts the search never saw (step 5), called only on records that
             pass on their own KL, fastest first, until one passes; it may stop once its KL so far is
             refused (:data:`FreshDrift`).
@@ -276,7 +279,9 @@ def pooled_rule(
         scored, weights, level=level, confidence=confidence, n_boot=n_boot, seed=seed, exponent=exponent
     )
     if calibration is not None and prior is not None:
-        calibration = calibration.floored(prior, budget.budget, baseline_score)
+        calibration = calibration.floored(
+            prior, budget.budget, baseline_score, decide_at_bound=decide_at_bound
+        )
     check = fresh is not None and calibration is not None
     verdicts: list[Verdict] = []
     for r in front:

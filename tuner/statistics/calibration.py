@@ -40,9 +40,11 @@ calibration's few examples: an estimate like the slope, which a bound read at th
 (the 4096-token studies whose validation scores fell in the test split's low tail lost more than
 their certified bounds on test, benchmarks/prediction_check.py). Given the score's per-example
 values (:class:`UnprunedScore`), the bound at ``confidence`` (what "certified" means) is read at the
-score's own one-sided bound at that level. The slope and the bound that decides stay at the score:
-the decision level is an operating point whose error rates ``benchmarks/decision_rule.py`` measures,
-not a confidence statement.
+score's own one-sided bound at that level, and so, with ``decide_at_bound`` (a study's default,
+``--prior-at-score-bound``), is the bound that decides: ``benchmarks/decision_rule.py --score-levels``
+replays it, and at the long presets' 11-16 calibration examples it is what keeps picks over budget
+within the power curve's target rate (docs/statistics.md). The slope, the point prediction, stays
+at the score.
 
 **Shape.** ``exponent = p`` bends the relation to ``T = b * K^p`` (``0 < p <= 1``; the ratio becomes
 ``b = sum_s T_s / sum_s K_s^p``, points per nat^p, and the largest KL within ``B`` is ``(B / b_up)^(1/p)``).
@@ -148,6 +150,8 @@ class Floor:
         baseline_score: the study's unpruned score (points) it was scaled to (None: not scaled).
         baseline_upper_confidence: that score's one-sided bound at ``confidence``, what
             ``prior_upper_confidence`` was read at (None: the score was taken as exact, or not scaled).
+        decided_at_bound: whether ``prior_upper``, the bound that decides, was read at that bound
+            too (False: at the score).
         largest_replayed: the largest ``n`` the power curve replayed at the budget (None: no curve
             for it); with ``examples_needed`` None, no ``n`` up to it kept the target rate.
     """
@@ -167,6 +171,7 @@ class Floor:
     baseline_score: float | None = None
     largest_replayed: int | None = None
     baseline_upper_confidence: float | None = None
+    decided_at_bound: bool = False
 
     @property
     def binds(self) -> bool:
@@ -199,6 +204,7 @@ class Floor:
             baseline_score=opt("baseline_score"),
             largest_replayed=None if largest is None else int(largest),
             baseline_upper_confidence=opt("baseline_upper_confidence"),
+            decided_at_bound=bool(data.get("decided_at_bound", False)),
         )
 
 
@@ -244,14 +250,20 @@ class Calibration:
             check_level(self.confidence)
 
     def floored(
-        self, prior: SlopePrior, budget: float, baseline_score: float | UnprunedScore | None = None
+        self,
+        prior: SlopePrior,
+        budget: float,
+        baseline_score: float | UnprunedScore | None = None,
+        *,
+        decide_at_bound: bool = False,
     ) -> Calibration:
         """This calibration checked against ``prior`` at ``budget`` (points): when its examples are
         fewer than the prior's power curve asks for (or the curve is not recorded), or when it measures
         no cost of KL at all, the slope and its bounds become at least the prior's, read at the study's
         unpruned ``baseline_score`` (points) for a prior that scales by it: a number is taken as exact;
         with an :class:`UnprunedScore` the bound at ``confidence`` is read at the score's bound, which
-        must be at that level (see the module docstring)."""
+        must be at that level, and with ``decide_at_bound`` the bound at ``level`` (the one that
+        decides) too (see the module docstring)."""
         if prior.exponent != self.exponent:
             raise ValueError(
                 f"slope prior {prior.id} was fitted at exponent {prior.exponent:g}, the calibration at "
@@ -276,11 +288,12 @@ class Calibration:
         scale = prior.scale(point)
         scale_conf = scale if bound is None else prior.scale(bound)
         at_conf = None if self.confidence is None else scale_conf * prior.upper(self.confidence)
+        at_bound = decide_at_bound and bound is not None
         floor = Floor(
             prior=prior.id,
             prior_n_examples=prior.n_examples,
             prior_slope=scale * prior.slope,
-            prior_upper=scale * prior.upper(self.level),
+            prior_upper=(scale_conf if at_bound else scale) * prior.upper(self.level),
             prior_upper_confidence=at_conf,
             own_slope=self.slope,
             own_upper=self.slope_upper,
@@ -292,6 +305,7 @@ class Calibration:
             baseline_score=None if prior.scaling == "absolute" else point,
             largest_replayed=prior.largest_replayed(budget),
             baseline_upper_confidence=bound,
+            decided_at_bound=at_bound,
         )
         if not applied:
             return replace(self, floor=floor)

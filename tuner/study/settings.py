@@ -350,6 +350,15 @@ class SearchSettings(EvalSettings):
             "(benchmarks/decision_rule.py measures its error rate; intervals stay at --confidence)"
         ),
     )
+    prior_at_score_bound: bool = field(
+        default=True,
+        metadata=_help(
+            "read a slope prior that scales by the unpruned score at that score's one-sided bound at "
+            "--confidence for the bound that decides, as for the certified one: the score is measured on "
+            "the calibration's few examples (benchmarks/decision_rule.py --score-levels replays it; "
+            "--no-prior-at-score-bound: at the score, the rule before 2026-12-07)"
+        ),
+    )
     calibration_exponent: float = field(
         default=SQUARE_ROOT,
         metadata=_help(

@@ -420,6 +420,7 @@ class Tracker:
             values["calibration.baseline_score"] = floor.baseline_score
         if floor.baseline_upper_confidence is not None:
             values["calibration.baseline_score_upper"] = floor.baseline_upper_confidence
+            values["calibration.decided_at_score_bound"] = float(floor.decided_at_bound)
         self.client.log_batch(
             self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
         )

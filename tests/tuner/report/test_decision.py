@@ -337,3 +337,12 @@ def test_the_paragraph_says_the_score_the_prior_was_read_at_and_its_bound() -> N
         cal = outcome.confirmation.calibration.floored(prior, 2.0, score)
         conf = dataclasses.replace(outcome.confirmation, calibration=cal)
         assert clause in power_sentence(decide(dataclasses.replace(outcome, confirmation=conf), TIMING))
+    cal = outcome.confirmation.calibration.floored(
+        prior, 2.0, UnprunedScore(4.0, 13, 12.0, 0.9), decide_at_bound=True
+    )
+    conf = dataclasses.replace(outcome.confirmation, calibration=cal)
+    assert (
+        "(6.0, bound 19.5 at this study's unpruned score 4.0, 0.50x the grid's; this bound, which decides, and "
+        "its 90% bound at the score's 90% bound 12.0 (n=13), n=300)"
+        in power_sentence(decide(dataclasses.replace(outcome, confirmation=conf), TIMING))
+    )

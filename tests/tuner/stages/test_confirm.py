@@ -397,7 +397,8 @@ def test_the_unpruned_score_a_prior_is_read_at_is_the_macro_score_with_its_bound
 
 def test_a_study_reads_a_scaled_prior_at_its_unpruned_scores_bound(tiny_folder: Path, tmp_path: Path) -> None:
     """A real (tiny) study with a prior that scales by the unpruned score: the confirmation records the
-    score it measured on the calibration's examples and its bound, which the certified bound was read at."""
+    score it measured on the calibration's examples and its bound, which the certified bound and, by
+    default, the bound that decides were read at (--no-prior-at-score-bound: that one at the score)."""
     from tuner.statistics.prior import PRIOR_DIR
 
     packaged = json.loads((PRIOR_DIR / "smollm2-135m-1024-p0.5.json").read_text())  # scales by the score
@@ -409,3 +410,18 @@ def test_a_study_reads_a_scaled_prior_at_its_unpruned_scores_bound(tiny_folder: 
     assert packaged["scaling"] == "baseline" and floor["baseline_score"] is not None
     assert floor["baseline_upper_confidence"] is not None
     assert floor["baseline_score"] <= floor["baseline_upper_confidence"]
+    assert floor["decided_at_bound"] is True
+    from tuner.statistics.prior import SlopePrior
+
+    loaded = SlopePrior.load(prior)
+    at = loaded.scale(floor["baseline_upper_confidence"]) * loaded.upper(0.6)
+    assert floor["prior_upper"] == pytest.approx(at)
+    argv = [
+        *_raced(tiny_folder, tmp_path / "p", trials=4, k=2, accuracy="fidelity"),
+        "--slope-prior",
+        str(prior),
+    ]
+    assert main([*argv, "--no-prior-at-score-bound"]) == 0
+    point = json.loads((tmp_path / "p" / "c" / "confirmation.json").read_text())["calibration"]["floor"]
+    assert point["decided_at_bound"] is False
+    assert point["prior_upper"] == pytest.approx(loaded.scale(point["baseline_score"]) * loaded.upper(0.6))

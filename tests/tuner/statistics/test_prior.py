@@ -282,6 +282,24 @@ def test_a_scaled_priors_certified_bound_is_read_at_the_unpruned_scores_bound() 
         _no_cost(13).floored(scaled, 2.0, baseline_score=UnprunedScore(4.0, 11, 5.0, 0.6))
 
 
+def test_a_scaled_prior_decides_at_the_unpruned_scores_bound_when_asked() -> None:
+    """``decide_at_bound`` (a study's default): the bound that decides is read at the score's bound
+    too, so a study whose dozen examples happened to score low is not let through on a prior scaled
+    down by them; the slope, the point prediction, stays at the score. A number is taken as exact
+    (nothing to read it at), and the flag is recorded."""
+    scaled = SlopePrior(**{**vars(_prior(12.0)), "baseline_score": 8.0, "scaling": "baseline"})
+    score = UnprunedScore(value=4.0, n=11, upper=12.0, level=0.9)
+    decided = _no_cost(13).floored(scaled, 2.0, baseline_score=score, decide_at_bound=True)
+    # slope 12 at scale 0.5; the bounds 13 (at 0.6) and 16 (at 0.9), both at scale 1.5
+    assert (decided.slope, decided.slope_upper, decided.slope_upper_confidence) == (6.0, 19.5, 24.0)
+    f = decided.floor
+    assert f is not None and f.decided_at_bound and f.prior_upper == 19.5
+    assert Calibration.from_dict(json.loads(json.dumps(decided.to_dict()))) == decided
+    assert decided.max_kl(2.0) < _no_cost(13).floored(scaled, 2.0, baseline_score=score).max_kl(2.0)
+    exact = _no_cost(13).floored(scaled, 2.0, baseline_score=4.0, decide_at_bound=True)
+    assert exact.slope_upper == 6.5 and exact.floor is not None and not exact.floor.decided_at_bound
+
+
 def test_the_unpruned_scores_bound_is_the_bootstraps_of_its_macro_mean() -> None:
     """Eleven examples over two datasets: the score is the macro mean; its bound grows with the level,
     and is the score itself where every example scores alike."""
