@@ -42,9 +42,9 @@ their certified bounds on test, benchmarks/prediction_check.py). Given the score
 values (:class:`UnprunedScore`), the bound at ``confidence`` (what "certified" means) is read at the
 score's own one-sided bound at that level, and so, with ``decide_at_bound`` (a study's default,
 ``--prior-at-score-bound``), is the bound that decides: ``benchmarks/decision_rule.py --score-levels``
-replays it, and at the long presets' 11-16 calibration examples it is what keeps picks over budget
-within the power curve's target rate (docs/statistics.md). The slope, the point prediction, stays
-at the score.
+replays it against reading the score as exact (docs/statistics.md has what it changes, and where
+the fresh-drift check had already carried the score's error into the decision). The slope, the
+point prediction, stays at the score.
 
 **Shape.** ``exponent = p`` bends the relation to ``T = b * K^p`` (``0 < p <= 1``; the ratio becomes
 ``b = sum_s T_s / sum_s K_s^p``, points per nat^p, and the largest KL within ``B`` is ``(B / b_up)^(1/p)``).
