@@ -324,11 +324,11 @@ def replay(
                 baseline: float | UnprunedScore | None = None
                 if grid[0].baselines:  # the draw's unpruned score, what a scaled prior is read at
                     scores, w = [grid[0].baselines[k] for k in keys], list(weights.values())
-                    # the study's path: the score with its bound at --confidence (the certified bound's)
-                    baseline = UnprunedScore.measured(scores, w, level=CONFIDENCE, n_boot=N_BOOT, seed=i)
                     if setting.exact_score:
-                        baseline = baseline.value
-                    elif setting.score_level not in (None, CONFIDENCE):  # another level: that bound, as exact
+                        baseline = weighted_mean(scores, w)
+                    elif setting.score_level in (None, CONFIDENCE):  # the study's path: with its bound
+                        baseline = UnprunedScore.measured(scores, w, level=CONFIDENCE, n_boot=N_BOOT, seed=i)
+                    else:  # another level: that bound, taken as exact
                         baseline = UnprunedScore.measured(
                             scores, w, level=setting.score_level, n_boot=N_BOOT, seed=i
                         ).upper  # fmt: skip

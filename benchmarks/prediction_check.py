@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from tuner.evaluation.runner import ExampleResult, loss_estimate, macro_score
+from tuner.report.figure import pyplot, write_figure
 from tuner.stages.confirm import unpruned_score
 from tuner.statistics.bootstrap import Estimate
 from tuner.statistics.calibration import Calibration
@@ -290,12 +291,7 @@ def table(checks: Sequence[Check]) -> str:
 def plot(checks: Sequence[Check], path: Path) -> None:
     """Predicted (point, decision bound, bound at confidence) against test loss with its interval, one
     column per check."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(checks) + 2), 4.2))
+    fig, ax = pyplot().subplots(figsize=(max(6.0, 0.9 * len(checks) + 2), 4.2))
     x = np.arange(len(checks))
     ax.errorbar(
         x + 0.1,
@@ -323,8 +319,7 @@ def plot(checks: Sequence[Check], path: Path) -> None:
     ax.set_title("The decision's predicted loss for its pick against the pick's test loss")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_figure(fig, path)
 
 
 def _named(items: Sequence[str], what: str) -> list[tuple[str, str]]:
