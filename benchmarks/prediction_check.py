@@ -2,7 +2,7 @@
 the pick's test loss, and how typical the unpruned score that scaled the prediction was.
 
     python benchmarks/prediction_check.py NAME=STUDY_DIR [...] [--pool NAME=A,B,C] [--level 0.9]
-        [--draws 20000] [--validation NAME=BASELINE.jsonl] [--out-dir DIR]
+        [--draws 20000] [--validation NAME=BASELINE.jsonl] [--test-rows NAME=DIR] [--out-dir DIR]
 
 A STUDY_DIR holds what ``tuner.search`` wrote for a study (``confirmation.json``: the calibration that
 decided and the pick's KL at the target length) and the pick's test rows from ``tuner.evaluate``
@@ -25,6 +25,10 @@ folders under ``benchmarks/data/`` keep them). Per study:
 study's own fit is floored again (:meth:`Calibration.floored`, the packaged prior it names) with the
 score and its bound measured on those rows (:class:`UnprunedScore`), and the table adds the pick's
 bound at confidence as the rule of 2026-12-07 reads it.
+
+``--test-rows NAME=DIR`` reads study NAME's test rows from DIR, the folder of an earlier decision
+that picked the same schedule (both folders' ``recommended.json`` must hold it), so that a study
+decided again keeps its own prediction without running its pick on test twice.
 
 ``--pool NAME=A,B,C`` reads studies whose picks ran on the same test records together: the picks'
 scores are averaged per record and that average's loss is set against the mean prediction, so that
@@ -118,8 +122,23 @@ class Study:
     budget: float = 2.0
 
 
-def read_study(name: str, folder: Path) -> Study:
-    """The study in ``folder`` (see the module docstring); a clear ValueError when a file is missing."""
+def _schedule(folder: Path) -> dict[str, object]:
+    """``folder``'s recommended schedule without its metadata (which names the study and its run)."""
+    path = folder / "recommended.json"
+    if not path.is_file():
+        raise ValueError(
+            f"{folder} has no recommended.json: --test-rows needs both folders' picks to compare"
+        )
+    data = json.loads(path.read_text())
+    return {k: v for k, v in data.items() if k != "metadata"}
+
+
+def read_study(name: str, folder: Path, test_folder: Path | None = None) -> Study:
+    """The study in ``folder`` (see the module docstring); a clear ValueError when a file is missing.
+
+    ``test_folder``: read the pick's test rows there instead (a study decided again that picked the
+    schedule an earlier decision's folder already ran on test); both folders must recommend it.
+    """
     conf_path = folder / "confirmation.json"
     if not conf_path.is_file():
         raise ValueError(f"{folder} has no confirmation.json: give the folder tuner.search wrote for a study")
@@ -128,15 +147,20 @@ def read_study(name: str, folder: Path) -> Study:
     picked = [c for c in conf.get("candidates", []) if c.get("trial") == trial]
     if trial is None or not picked:
         raise ValueError(f"{conf_path} recommends no schedule: there is no pick to check")
-    bases = sorted(folder.glob("*.baseline.jsonl"))
+    rows_folder = folder if test_folder is None else test_folder
+    if test_folder is not None and _schedule(folder) != _schedule(test_folder):
+        raise ValueError(
+            f"{test_folder} recommends another schedule than {folder}: --test-rows must name a run of the same pick"
+        )
+    bases = sorted(rows_folder.glob("*.baseline.jsonl"))
     if len(bases) != 1:
         raise ValueError(
-            f"{folder} holds {len(bases)} *.baseline.jsonl files: keep exactly one tuner.evaluate test run "
+            f"{rows_folder} holds {len(bases)} *.baseline.jsonl files: keep exactly one tuner.evaluate test run "
             "(<prefix>.baseline.jsonl and <prefix>.lazyllm.jsonl) beside confirmation.json"
         )
     pick_path = bases[0].with_name(bases[0].name.replace(".baseline.jsonl", ".lazyllm.jsonl"))
     if not pick_path.is_file():
-        raise ValueError(f"{folder} lacks {pick_path.name} beside {bases[0].name}")
+        raise ValueError(f"{rows_folder} lacks {pick_path.name} beside {bases[0].name}")
     return Study(
         name=name,
         calibration=Calibration.from_dict(conf["calibration"]),
@@ -348,10 +372,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="NAME=FILE: unpruned rows on study NAME's calibration records",
     )
+    p.add_argument(
+        "--test-rows",
+        action="append",
+        default=[],
+        help="NAME=DIR: study NAME's pick ran on test in DIR (an earlier decision of the same pick)",
+    )
     p.add_argument("--out-dir", type=Path, help="also write rows.md, rows.json and check.png here")
     args = p.parse_args(argv)
     try:
-        studies = {name: read_study(name, Path(folder)) for name, folder in _named(args.studies, "study")}
+        test_rows = dict(_named(args.test_rows, "--test-rows"))
+        named = _named(args.studies, "study")
+        unknown_t = [n for n in test_rows if n not in dict(named)]
+        if unknown_t:
+            raise ValueError(f"--test-rows names {unknown_t[0]!r}, not one of the studies given")
+        studies = {
+            name: read_study(name, Path(folder), Path(test_rows[name]) if name in test_rows else None)
+            for name, folder in named
+        }
         validation = dict(_named(args.validation, "--validation"))
         unknown_v = [n for n in validation if n not in studies]
         if unknown_v:

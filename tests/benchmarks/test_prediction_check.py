@@ -164,3 +164,31 @@ def test_refloor_reads_the_certified_bound_at_the_unpruned_scores_bound(tmp_path
     )
     with pytest.raises(ValueError, match="does not give back its calibration"):
         bench.refloor(tampered, _rows([0.1] * 12, "baseline"))
+
+
+def test_test_rows_come_from_an_earlier_decision_of_the_same_pick(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = load_benchmark("prediction_check")
+    first = _study(tmp_path / "first", kl=0.16, pick_scores=[s - 0.05 for s in BASE])
+    again = tmp_path / "again"  # decided again: its own prediction (KL 0.04), no test run of its own
+    again.mkdir()
+    conf = json.loads((first / "confirmation.json").read_text())
+    conf["candidates"][1]["search_loss"] = 0.04
+    (again / "confirmation.json").write_text(json.dumps(conf))
+    schedule = {"format": "lazyllm-schedule", "percentiles": {"3": 40}, "metadata": {"study": "first"}}
+    (first / "recommended.json").write_text(json.dumps(schedule))
+    (again / "recommended.json").write_text(json.dumps({**schedule, "metadata": {"study": "again"}}))
+    study = bench.read_study("again", again, test_folder=first)
+    c = bench.check(study, n_draws=0)
+    assert c.kl == 0.04 and c.predicted == pytest.approx(4.0 * 0.2)  # the new decision's prediction
+    assert c.test.value == pytest.approx(5.0) and c.test.n == 18  # the first decision's test rows
+    assert bench.main([f"a={again}", "--test-rows", f"a={first}", "--draws", "0"]) == 0
+    assert "| a | #7 | 0.0400 |" in capsys.readouterr().out
+    (again / "recommended.json").write_text(json.dumps({**schedule, "percentiles": {"3": 50}}))
+    assert bench.main([f"a={again}", "--test-rows", f"a={first}"]) == 2
+    err = capsys.readouterr().err
+    assert "recommends another schedule" in err and err.count("\n") == 1
+    assert bench.main([f"a={again}", "--test-rows", f"b={first}"]) == 2
+    assert "--test-rows names 'b'" in capsys.readouterr().err
+    assert bench.main([f"a={again}"]) == 2  # without --test-rows the folder's own rows are missing
