@@ -186,6 +186,30 @@ class _QuietInterrupted(logging.Filter):
         return not any(message.startswith(f"Trial {n} failed with") for n in self.numbers)
 
 
+def stop_orphaned_heartbeats() -> int:
+    """Stop the Optuna heartbeat threads still beating in this process; returns how many.
+
+    Optuna runs each trial inside ``with get_heartbeat_thread(...)``: a non-daemon thread records the
+    trial's heartbeat until the block's exit sets its stop event. A Ctrl-C that lands after the thread
+    started but before the block's body (or inside its exit, before the event is set) skips that exit,
+    and the interpreter then waits for the thread forever after the CLI's last line (a hang seen in
+    the chaos test). Called once ``optimize`` has returned or raised, when no trial of this worker runs,
+    so every heartbeat thread left is such an orphan. Optuna exposes no handle to it; the thread's stop
+    event is found among the arguments it was started with."""
+    from optuna.storages._heartbeat import HeartbeatThread
+
+    beat = HeartbeatThread._record_heartbeat
+    stopped = 0
+    for thread in threading.enumerate():
+        if getattr(thread, "_target", None) is not beat or not thread.is_alive():
+            continue
+        for arg in getattr(thread, "_args", ()):
+            if isinstance(arg, threading.Event):
+                arg.set()
+                stopped += 1
+    return stopped
+
+
 def interrupted_by_ctrl_c(exc: BaseException) -> bool:
     """A Ctrl-C, or an error raised while one was being handled: a SIGINT that lands inside Optuna's
     own bookkeeping of a trial (its ``tell``) surfaces as that code's ``UnboundLocalError``, with the
@@ -296,6 +320,7 @@ def run_trials(
                 catch=(RuntimeError, SurplusTrial, DuplicateSchedule),
             )
         except BaseException as exc:
+            stop_orphaned_heartbeats()  # else a Ctrl-C in Optuna's heartbeat setup hangs the exit
             if not interrupted_by_ctrl_c(exc):
                 raise
             if current:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -175,3 +176,43 @@ def test_an_error_raised_while_a_ctrl_c_was_handled_is_an_interrupt() -> None:
             pass
     except ValueError as plain:
         assert not interrupted_by_ctrl_c(plain)
+
+
+def _heartbeats() -> list[threading.Thread]:
+    from optuna.storages._heartbeat import HeartbeatThread
+
+    beat = HeartbeatThread._record_heartbeat
+    return [t for t in threading.enumerate() if getattr(t, "_target", None) is beat]
+
+
+def test_a_ctrl_c_in_optunas_heartbeat_setup_leaves_no_thread_beating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C landing after Optuna started a trial's heartbeat thread but before its ``with`` body
+    skips the block's exit, so nothing stops the (non-daemon) thread and the CLI hung after its
+    Ctrl-C line (chaos test). The interrupt is delivered at that moment here: once it reaches the
+    caller, no heartbeat thread may still be beating."""
+    from optuna.storages._heartbeat import HeartbeatThread
+
+    storage = make_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace=2)
+    study = optuna.create_study(storage=storage, directions=["maximize", "minimize"], study_name="w")
+    started: list[threading.Thread] = []
+
+    def enter_then_ctrl_c(self: HeartbeatThread) -> None:
+        self.start()
+        started.extend(t for t in _heartbeats() if t.is_alive())
+        raise KeyboardInterrupt  # the signal, between the thread's start and the block's body
+
+    monkeypatch.setattr(HeartbeatThread, "__enter__", enter_then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_trials(_settings(1), study, lambda trial: (1.0, 0.0), [], poll_s=0.01)  # type: ignore[arg-type]
+        assert started, "no heartbeat thread was started: the moment under test never came"
+        for thread in started:
+            thread.join(timeout=5)
+        assert not [t for t in started if t.is_alive()], "a heartbeat thread is still beating"
+    finally:  # a red run must not leave the thread holding pytest's exit
+        for thread in started:
+            for arg in getattr(thread, "_args", ()):
+                if isinstance(arg, threading.Event):
+                    arg.set()
