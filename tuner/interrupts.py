@@ -10,7 +10,13 @@ the parent's KILLED status) writes through another connection of the same proces
 SQLite's busy timeout (MLflow sets 20 s) on every write: a Ctrl-C that takes a minute to end the run.
 Inside :func:`held_interrupts` the first Ctrl-C is remembered and raised as soon as the block ends, so
 the write it arrived in finishes first; a second Ctrl-C is raised at once (a tracking server that
-hangs must not make Ctrl-C useless). The first import of matplotlib is held the same way
+hangs must not make Ctrl-C useless).
+
+**While a finalizer runs** (:func:`redeliver_interrupts_finalizers_drop`): a Ctrl-C whose
+KeyboardInterrupt is raised inside a ``__del__`` or a weakref callback (SQLAlchemy cleans up its
+objects so, during any garbage collection) is printed as "Exception ignored in ..." and dropped by
+Python, and the command ran on to its end as if never interrupted (seen once in the PostgreSQL
+Ctrl-C test). The CLIs deliver such an interrupt again once the finalizer is over. The first import of matplotlib is held the same way
 (:func:`tuner.report.figure.pyplot`): an interrupt inside a compiled module's initialisation turns
 into an ImportError. Standard library only.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import signal
 import sys
 import threading
@@ -81,13 +88,45 @@ def whole(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+REDELIVERY_DELAY_S = 0.05
+"""How long after a finalizer dropped a Ctrl-C it is sent again: long enough for the finalizer and
+Python's report of it to return (sent at once, it would be raised inside that report and dropped
+again), short enough that nobody notices."""
+
+
+def redeliver_interrupts_finalizers_drop() -> None:
+    """Install a ``sys.unraisablehook`` that sends a SIGINT again, :data:`REDELIVERY_DELAY_S` later
+    (from a daemon thread; the handler in place then decides what it does), for every
+    KeyboardInterrupt Python drops because it was raised inside a finalizer; other unraisable errors
+    go to the hook installed before. Process-wide: for programs, not libraries. Installing it twice
+    changes nothing."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_redelivers_interrupts", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        kind = unraisable.exc_type
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            timer = threading.Timer(REDELIVERY_DELAY_S, os.kill, (os.getpid(), signal.SIGINT))
+            timer.daemon = True
+            timer.start()
+            return
+        previous(unraisable)
+
+    hook._redelivers_interrupts = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 @contextlib.contextmanager
 def interrupts_end_the_start(module: str) -> Iterator[None]:
-    """Around a command module's imports: a Ctrl-C there ends the command before it did anything. Only
-    when ``module`` (the caller's ``__name__``) runs as the program; an import by other code is left as is."""
+    """Around a command module's imports: a Ctrl-C there ends the command before it did anything, and
+    from then on a Ctrl-C a finalizer dropped is delivered again (:func:`redeliver_interrupts_finalizers_drop`).
+    Only when ``module`` (the caller's ``__name__``) runs as the program; an import by other code is
+    left as is."""
     if module != "__main__":
         yield
         return
+    redeliver_interrupts_finalizers_drop()  # for the whole command, not only its imports
     try:
         yield
     except KeyboardInterrupt:

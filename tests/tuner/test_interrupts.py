@@ -247,3 +247,54 @@ def test_ctrl_c_while_a_command_imports_torch_is_one_line_and_exit_130() -> None
         assert done.returncode == 130, (module, done.returncode, done.stderr[-2000:])
         assert done.stderr.strip() == "interrupted while starting: nothing was done", done.stderr[-2000:]
         assert done.stdout == ""  # it never got as far as the help
+
+
+_IN_A_FINALIZER = r"""
+import sys, time
+from tuner.interrupts import interrupts_end_the_start
+
+with interrupts_end_the_start("__main__"):  # what every tuner command does first
+    pass
+
+
+class Finalized:
+    def __del__(self) -> None:  # as SQLAlchemy's weakref callbacks run during a garbage collection
+        print("in a finalizer", flush=True)
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            time.sleep(0.01)
+
+
+try:
+    Finalized()  # dropped at once: its finalizer runs here, and the Ctrl-C lands in it
+    time.sleep(5)  # the command going on
+    print("ran to its end", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_interrupts_the_command() -> None:
+    """Python prints and drops a KeyboardInterrupt raised inside a ``__del__`` or weakref callback:
+    the PostgreSQL Ctrl-C test once saw the command run on to exit 0 after a SIGINT landed in
+    SQLAlchemy's cleanup. A real SIGINT is sent while a real finalizer runs; the command must still
+    end interrupted, soon after the finalizer."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _IN_A_FINALIZER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "in a finalizer"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "ran to its end" not in out, (out, err[-2000:])
+    assert proc.returncode == 130 and out.strip() == "interrupted", (proc.returncode, out, err[-2000:])
+    assert "Exception ignored" not in err, err[-2000:]  # the dropped interrupt is not reported as an error
