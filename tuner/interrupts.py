@@ -10,15 +10,17 @@ the parent's KILLED status) writes through another connection of the same proces
 SQLite's busy timeout (MLflow sets 20 s) on every write: a Ctrl-C that takes a minute to end the run.
 Inside :func:`held_interrupts` the first Ctrl-C is remembered and raised as soon as the block ends, so
 the write it arrived in finishes first; a second Ctrl-C is raised at once (a tracking server that
-hangs must not make Ctrl-C useless).
+hangs must not make Ctrl-C useless). The first import of matplotlib is held the same way
+(:func:`tuner.report.figure.pyplot`): an interrupt inside a compiled module's initialisation turns
+into an ImportError.
 
 **While a finalizer runs** (:func:`redeliver_interrupts_finalizers_drop`): a Ctrl-C whose
 KeyboardInterrupt is raised inside a ``__del__`` or a weakref callback (SQLAlchemy cleans up its
 objects so, during any garbage collection) is printed as "Exception ignored in ..." and dropped by
 Python, and the command ran on to its end as if never interrupted (seen once in the PostgreSQL
-Ctrl-C test). The CLIs deliver such an interrupt again once the finalizer is over. The first import of matplotlib is held the same way
-(:func:`tuner.report.figure.pyplot`): an interrupt inside a compiled module's initialisation turns
-into an ImportError. Standard library only.
+Ctrl-C test). The commands deliver such an interrupt again once the finalizer is over.
+
+Standard library only.
 """
 
 from __future__ import annotations
