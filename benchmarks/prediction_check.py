@@ -382,13 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         test_rows = dict(_named(args.test_rows, "--test-rows"))
-        named = _named(args.studies, "study")
-        unknown_t = [n for n in test_rows if n not in dict(named)]
+        folders = dict(_named(args.studies, "study"))
+        unknown_t = [n for n in test_rows if n not in folders]
         if unknown_t:
             raise ValueError(f"--test-rows names {unknown_t[0]!r}, not one of the studies given")
         studies = {
             name: read_study(name, Path(folder), Path(test_rows[name]) if name in test_rows else None)
-            for name, folder in named
+            for name, folder in folders.items()
         }
         validation = dict(_named(args.validation, "--validation"))
         unknown_v = [n for n in validation if n not in studies]

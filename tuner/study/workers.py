@@ -186,8 +186,8 @@ class _QuietInterrupted(logging.Filter):
         return not any(message.startswith(f"Trial {n} failed with") for n in self.numbers)
 
 
-def stop_orphaned_heartbeats() -> int:
-    """Stop the Optuna heartbeat threads still beating in this process; returns how many.
+def stop_orphaned_heartbeats() -> None:
+    """Stop the Optuna heartbeat threads still beating in this process.
 
     Optuna runs each trial inside ``with get_heartbeat_thread(...)``: a non-daemon thread records the
     trial's heartbeat until the block's exit sets its stop event. A Ctrl-C that lands after the thread
@@ -199,15 +199,11 @@ def stop_orphaned_heartbeats() -> int:
     from optuna.storages._heartbeat import HeartbeatThread
 
     beat = HeartbeatThread._record_heartbeat
-    stopped = 0
     for thread in threading.enumerate():
-        if getattr(thread, "_target", None) is not beat or not thread.is_alive():
-            continue
-        for arg in getattr(thread, "_args", ()):
-            if isinstance(arg, threading.Event):
-                arg.set()
-                stopped += 1
-    return stopped
+        if getattr(thread, "_target", None) is beat:
+            for arg in getattr(thread, "_args", ()):
+                if isinstance(arg, threading.Event):
+                    arg.set()
 
 
 def interrupted_by_ctrl_c(exc: BaseException) -> bool:
